@@ -1,0 +1,157 @@
+"""Train the shipped checkpoints: a byte-level BPE tokenizer, a target model and a draft model.
+
+    python -m minillm.train tokenizer                       # -> minillm/assets/tokenizer.json
+    python -m minillm.train model --preset target --steps 3000
+    python -m minillm.train model --preset draft  --steps 3000
+
+Runs on CPU (bf16 autocast where the CPU supports it) or GPU, seeded, with a tqdm bar. The
+checkpoint directory gets model.safetensors, config.json, tokenizer.json and train_log.json
+(steps, tokens seen, loss curve, wall time), which the model card reads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .config import ModelConfig
+from .data import load_text, load_tokens
+from .model import Transformer
+from .tokenizer import Tokenizer
+from .weights import save_checkpoint
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+TOKENIZER_FILE = ASSETS / "tokenizer.json"
+
+PRESETS = {
+    # full multi-head attention, so lab 03 can convert it to GQA/MQA/MLA/CLA
+    "target": ModelConfig(vocab_size=4096, dim=384, n_layers=6, n_heads=6, hidden_dim=1024,
+                          max_seq_len=512),
+    # <= 1/8 of the target's parameters, same tokenizer: the speculative-sampling draft
+    "draft": ModelConfig(vocab_size=4096, dim=128, n_layers=4, n_heads=4, hidden_dim=352,
+                         max_seq_len=512),
+}
+
+
+def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator):
+    starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=gen)
+    x = torch.stack([data[s:s + seq_len] for s in starts])
+    y = torch.stack([data[s + 1:s + seq_len + 1] for s in starts])
+    return x, y
+
+
+@torch.no_grad()
+def evaluate(model, data: torch.Tensor, seq_len: int, batch_size: int = 8,
+             max_tokens: int | None = None, device="cpu") -> tuple[float, int]:
+    """Mean next-token cross-entropy over consecutive non-overlapping windows of ``data``."""
+    model.eval()
+    n_windows = (len(data) - 1) // seq_len
+    if max_tokens is not None:
+        n_windows = min(n_windows, max(1, max_tokens // seq_len))
+    total, count = 0.0, 0
+    for i in range(0, n_windows, batch_size):
+        idx = range(i, min(i + batch_size, n_windows))
+        x = torch.stack([data[j * seq_len:(j + 1) * seq_len] for j in idx]).to(device)
+        y = torch.stack([data[j * seq_len + 1:(j + 1) * seq_len + 1] for j in idx]).to(device)
+        logits = model(x).float()
+        total += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+        count += y.numel()
+    return total / count, count
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train_model(preset: str, steps: int, out: Path, batch_size: int = 8, seq_len: int = 512,
+                lr: float = 2e-3, warmup: int = 100, seed: int = 0, device: str = "cpu",
+                eval_every: int = 250, autocast: bool = True, compile: bool = False) -> dict:
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    tok = Tokenizer.from_file(TOKENIZER_FILE)
+    config = PRESETS[preset]
+    if config.vocab_size != tok.vocab_size:
+        raise ValueError(f"preset vocab {config.vocab_size} != tokenizer vocab {tok.vocab_size}")
+    train_ids, val_ids = load_tokens(tok, "train"), load_tokens(tok, "val")
+    model = Transformer(config).to(device)
+    fwd = torch.compile(model) if compile else model
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    amp = torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                         enabled=autocast)
+    log = {"preset": preset, "compile": compile, "params": model.num_params(), "steps": steps,
+           "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "seed": seed,
+           "device": device, "train_tokens_available": len(train_ids), "curve": []}
+    t0 = time.time()
+    bar = tqdm(range(steps), desc=f"train {preset}")
+    for step in bar:
+        model.train()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        x, y = get_batch(train_ids, batch_size, seq_len, gen)
+        with amp:
+            logits = fwd(x.to(device))
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            val, _ = evaluate(model, val_ids, seq_len, max_tokens=32768, device=device)
+            log["curve"].append({"step": step + 1, "train_loss": round(loss.item(), 4),
+                                 "val_loss": round(val, 4), "elapsed_s": round(time.time() - t0)})
+            tqdm.write(f"step {step + 1}: train {loss.item():.3f} val {val:.3f}")
+    log["train_tokens_seen"] = steps * batch_size * seq_len
+    log["wall_s"] = round(time.time() - t0, 1)
+    model = model.float().cpu().eval()
+    save_checkpoint(model, out, tokenizer=tok, dtype=torch.bfloat16,
+                    extra={"name": preset, "trained_by": "python -m minillm.train"})
+    (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
+    return log
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m minillm.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("tokenizer", help="train the byte-level BPE tokenizer on the train split")
+    t.add_argument("--vocab-size", type=int, default=4096)
+    t.add_argument("--out", type=Path, default=TOKENIZER_FILE)
+    m = sub.add_parser("model", help="train a model preset")
+    m.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    m.add_argument("--steps", type=int, default=2000)
+    m.add_argument("--batch-size", type=int, default=8)
+    m.add_argument("--seq-len", type=int, default=512)
+    m.add_argument("--lr", type=float, default=2e-3)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    m.add_argument("--no-autocast", action="store_true", help="train in fp32")
+    m.add_argument("--compile", action="store_true", help="torch.compile the training forward")
+    m.add_argument("--out", type=Path, default=None, help="default: minillm/assets/<preset>")
+    a = p.parse_args(argv)
+    if a.what == "tokenizer":
+        tok = Tokenizer.train([load_text("train")], vocab_size=a.vocab_size)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(a.out)
+        print(f"tokenizer: {tok.vocab_size} tokens -> {a.out}")
+    else:
+        log = train_model(a.preset, a.steps, a.out or ASSETS / a.preset, a.batch_size, a.seq_len,
+                          a.lr, seed=a.seed, device=a.device, autocast=not a.no_autocast,
+                          compile=a.compile)
+        print(json.dumps({k: v for k, v in log.items() if k != "curve"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
