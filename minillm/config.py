@@ -128,12 +128,14 @@ class ModelConfig:
         )
 
     def to_hf(self) -> dict:
-        """A Llama config.json that `transformers` can read (our checkpoints use HF layout)."""
-        if self.qkv_bias != self.o_bias:
+        """A config.json that `transformers` can read (our checkpoints use HF layout): Llama, or
+        Qwen2 when q/k/v carry a bias and the output projection does not."""
+        qwen2 = self.qkv_bias and not self.o_bias
+        if self.o_bias and not self.qkv_bias:
             raise ValueError("a Llama config.json can only express q/k/v and o biases together")
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
+            "model_type": "qwen2" if qwen2 else "llama",
             "vocab_size": self.vocab_size,
             "hidden_size": self.dim,
             "intermediate_size": self.hidden_dim,
@@ -151,6 +153,15 @@ class ModelConfig:
             "torch_dtype": "float32",
         }
 
+
+# The two shipped checkpoints (trained by minillm/train.py): full multi-head attention in the
+# target, so lab 03 can convert it to GQA/MQA/MLA/CLA; the draft has <= 1/8 of its parameters.
+SHIPPED_SHAPES: dict[str, ModelConfig] = {
+    "target": ModelConfig(vocab_size=4096, dim=384, n_layers=6, n_heads=6, hidden_dim=1024,
+                          max_seq_len=512),
+    "draft": ModelConfig(vocab_size=4096, dim=128, n_layers=4, n_heads=4, hidden_dim=352,
+                         max_seq_len=512),
+}
 
 # Shapes of real models, for napkin math (roofline.py) and for building random test models.
 PRESETS: dict[str, ModelConfig] = {

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .config import ModelConfig
+from .config import SHIPPED_SHAPES
 from .data import load_text, load_tokens
 from .model import Transformer
 from .tokenizer import Tokenizer
@@ -29,14 +29,7 @@ from .weights import save_checkpoint
 ASSETS = Path(__file__).resolve().parent / "assets"
 TOKENIZER_FILE = ASSETS / "tokenizer.json"
 
-PRESETS = {
-    # full multi-head attention, so lab 03 can convert it to GQA/MQA/MLA/CLA
-    "target": ModelConfig(vocab_size=4096, dim=384, n_layers=6, n_heads=6, hidden_dim=1024,
-                          max_seq_len=512),
-    # <= 1/8 of the target's parameters, same tokenizer: the speculative-sampling draft
-    "draft": ModelConfig(vocab_size=4096, dim=128, n_layers=4, n_heads=4, hidden_dim=352,
-                         max_seq_len=512),
-}
+PRESETS = SHIPPED_SHAPES
 
 
 def get_batch(data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator):
@@ -90,7 +83,7 @@ def train_model(preset: str, steps: int, out: Path, batch_size: int = 8, seq_len
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
     amp = torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
                          enabled=autocast)
-    log = {"preset": preset, "compile": compile, "params": model.num_params(), "steps": steps,
+    log = {"preset": preset, "compile": compile, "threads": torch.get_num_threads(), "params": model.num_params(), "steps": steps,
            "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "seed": seed,
            "device": device, "train_tokens_available": len(train_ids), "curve": []}
     t0 = time.time()
@@ -139,8 +132,11 @@ def main(argv=None):
     m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     m.add_argument("--no-autocast", action="store_true", help="train in fp32")
     m.add_argument("--compile", action="store_true", help="torch.compile the training forward")
+    m.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     m.add_argument("--out", type=Path, default=None, help="default: minillm/assets/<preset>")
     a = p.parse_args(argv)
+    if getattr(a, "threads", None):
+        torch.set_num_threads(a.threads)
     if a.what == "tokenizer":
         tok = Tokenizer.train([load_text("train")], vocab_size=a.vocab_size)
         a.out.parent.mkdir(parents=True, exist_ok=True)

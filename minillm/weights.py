@@ -48,8 +48,10 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory, keyed by our parameter names."""
     path = Path(path)
     if (path / INDEX).is_file():
-        index = json.loads((path / INDEX).read_text())
-        files = sorted(set(index["weight_map"].values()))
+        try:
+            files = sorted(set(json.loads((path / INDEX).read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
+            raise ValueError(f"corrupt {INDEX} in {path} (need a 'weight_map'): {e}") from e
     elif (path / WEIGHTS).is_file():
         files = [WEIGHTS]
     else:

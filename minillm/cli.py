@@ -1,0 +1,134 @@
+"""`minillm` command line (also `python -m minillm`).
+
+    minillm generate "To be, or not" --max-new-tokens 64 [--temperature T --top-k K --top-p P
+                     --seed S --model NAME|PATH] [--json]
+    minillm eval ppl [--model NAME|PATH] [--max-tokens N] --json
+    minillm napkin --model llama-2-13b --gpu h100 --batch B --seq-len S [--kv-heads K]
+                   [--bytes-per-param P] --json
+    minillm train ...            (same as python -m minillm.train)
+
+Commands that print figures take --json and then print one JSON object on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def _load(name):
+    import minillm
+    return minillm.load(name), minillm.load_tokenizer(name)
+
+
+def cmd_generate(a) -> int:
+    from .generate import generate_naive
+    from .sampling import SamplingParams
+    model, tok = _load(a.model)
+    params = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                            max_new_tokens=a.max_new_tokens, seed=a.seed,
+                            stop_ids=(tok.eos_id,) if tok.eos_id is not None else ())
+    prompt = tok.encode(a.prompt)
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one character")
+    t0 = time.perf_counter()
+    new = generate_naive(model, prompt, params)[0]
+    dt = time.perf_counter() - t0
+    text = tok.decode(new)
+    if a.json:
+        print(json.dumps({"model": a.model, "prompt": a.prompt, "completion": text,
+                          "prompt_tokens": len(prompt), "new_tokens": len(new),
+                          "seconds": dt, "tok_s": len(new) / dt if dt else None}))
+    else:
+        print(a.prompt + text)
+    return 0
+
+
+def cmd_eval(a) -> int:
+    from .evaluate import perplexity
+    model, tok = _load(a.model)
+    r = perplexity(model, tok, split=a.split, max_tokens=a.max_tokens)
+    out = {"model": a.model, "quant": None, "split": r["split"], "tokens": r["tokens"],
+           "loss": r["loss"], "ppl": r["ppl"]}
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(f"{a.model}: {out['tokens']} {a.split} tokens, loss {out['loss']:.4f}, "
+              f"perplexity {out['ppl']:.2f}")
+    return 0
+
+
+def cmd_napkin(a) -> int:
+    from .roofline import napkin
+    r = napkin(a.model, a.gpu, a.batch, a.seq_len, kv_heads=a.kv_heads,
+               bytes_per_param=a.bytes_per_param)
+    if a.json:
+        print(json.dumps(r))
+    else:
+        print(f"{r['model']} on {r['gpu']}, B={r['batch']}, S={r['seq_len']}, K={r['kv_heads']}: "
+              f"params {r['params'] / 1e9:.2f}B, memory {r['memory_bytes'] / 1e9:.1f} GB "
+              f"({'fits' if r['fits'] else 'does NOT fit'}), latency "
+              f"{r['latency_s'] * 1e3:.2f} ms/token, throughput {r['throughput_tok_s']:.0f} tok/s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minillm", description="tiny LLM inference stack")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="continue a prompt with a model (naive loop)")
+    g.add_argument("prompt")
+    g.add_argument("--model", default="target", help="shipped name (target, draft) or directory")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=cmd_generate)
+
+    e = sub.add_parser("eval", help="evaluation figures")
+    esub = e.add_subparsers(dest="metric", required=True)
+    ppl = esub.add_parser("ppl", help="held-out perplexity")
+    ppl.add_argument("--model", default="target")
+    ppl.add_argument("--split", default="val", choices=["val", "train"])
+    ppl.add_argument("--max-tokens", type=int, default=None, help="evaluate a prefix only")
+    ppl.add_argument("--json", action="store_true")
+    ppl.set_defaults(func=cmd_eval)
+
+    n = sub.add_parser("napkin", help="the lecture's memory / latency / throughput napkin math")
+    n.add_argument("--model", default="llama-2-13b", help="preset name (see minillm.roofline)")
+    n.add_argument("--gpu", default="h100", help="h100, a100, h200")
+    n.add_argument("--batch", type=int, default=1)
+    n.add_argument("--seq-len", type=int, default=1000)
+    n.add_argument("--kv-heads", type=int, default=None, help="override K (GQA what-if)")
+    n.add_argument("--bytes-per-param", type=float, default=2.0)
+    n.add_argument("--json", action="store_true")
+    n.set_defaults(func=cmd_napkin)
+
+    t = sub.add_parser("train", help="train the tokenizer or a model (see python -m minillm.train)",
+                       add_help=False)
+    t.set_defaults(func=None)
+    return p
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        from .train import main as train_main
+        train_main(argv[1:])
+        return 0
+    a = build_parser().parse_args(argv)
+    try:
+        rc = a.func(a)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"minillm: error: {err}", file=sys.stderr)
+        rc = 2
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
