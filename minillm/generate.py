@@ -65,25 +65,16 @@ def stream_naive(model, prompt, params: SamplingParams | None = None,
         ids = torch.cat([ids, nxt[:, None]], dim=1)
 
 
-def collect(steps: Iterator[torch.Tensor], stop_ids: tuple[int, ...]) -> list[list[int]]:
-    """Gather per-sequence outputs from a step stream; each stops after its first stop token."""
-    out: list[list[int]] | None = None
-    finished: list[bool] = []
-    for nxt in steps:
-        if out is None:
-            out = [[] for _ in range(nxt.shape[0])]
-            finished = [False] * nxt.shape[0]
+def generate_naive(model, prompt, params: SamplingParams | None = None,
+                   generator: torch.Generator | None = None) -> list[list[int]]:
+    """New token ids for each prompt row; a row ends after its first stop token (kept)."""
+    params = params or SamplingParams()
+    n = as_prompt_batch(prompt).shape[0]
+    out: list[list[int]] = [[] for _ in range(n)]
+    finished = [False] * n
+    for nxt in stream_naive(model, prompt, params, generator):
         for b, t in enumerate(nxt.tolist()):
             if not finished[b]:
                 out[b].append(t)
-                finished[b] = t in stop_ids
-    return out or []
-
-
-def generate_naive(model, prompt, params: SamplingParams | None = None,
-                   generator: torch.Generator | None = None) -> list[list[int]]:
-    """New token ids for each prompt row (a stop token, if hit, is the last id)."""
-    params = params or SamplingParams()
-    n = as_prompt_batch(prompt).shape[0]
-    return collect(stream_naive(model, prompt, params, generator), params.stop_ids) or \
-        [[] for _ in range(n)]
+                finished[b] = t in params.stop_ids
+    return out

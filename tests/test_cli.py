@@ -1,0 +1,98 @@
+"""The `minillm` command line: in-process through `cli.main` (fast), plus real subprocesses for
+the console-script / `python -m minillm` entry points."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minillm.cli import main
+
+RUN = [sys.executable, "-m", "minillm"]
+
+
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def run(capsys):
+    def _run(*args, ok=True):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        out, err = capsys.readouterr()
+        if ok:
+            assert code == 0, err
+        return Result(code, out, err)
+    return _run
+
+
+def test_generate_prints_prompt_and_continuation(run):
+    out = run("generate", "To be, or not", "--max-new-tokens", "12", "--seed", "0").stdout
+    assert out.startswith("To be, or not") and len(out) > len("To be, or not") + 5
+
+
+def test_generate_is_seeded_and_json(run):
+    a = json.loads(run("generate", "ROMEO.", "--max-new-tokens", "10", "--seed", "3", "--json").stdout)
+    b = json.loads(run("generate", "ROMEO.", "--max-new-tokens", "10", "--seed", "3", "--json").stdout)
+    assert a["completion"] == b["completion"] and a["new_tokens"] <= 10
+    assert {"model", "prompt", "completion", "prompt_tokens", "new_tokens"} <= set(a)
+
+
+def test_greedy_top_k_top_p_flags(run):
+    run("generate", "Hark", "--max-new-tokens", "5", "--temperature", "0")
+    run("generate", "Hark", "--max-new-tokens", "5", "--top-k", "5", "--top-p", "0.9",
+        "--model", "draft")
+
+
+def test_eval_ppl_json_fields(run):
+    r = json.loads(run("eval", "ppl", "--model", "draft", "--max-tokens", "2048", "--json").stdout)
+    assert r["model"] == "draft" and r["quant"] is None
+    assert r["tokens"] == 2047 and r["ppl"] == pytest.approx(math.exp(r["loss"]), rel=1e-9)
+
+
+def test_napkin_json_reproduces_the_lecture(run):
+    r = json.loads(run("napkin", "--model", "llama-2-13b", "--gpu", "h100", "--batch", "1",
+                       "--seq-len", "1000", "--json").stdout)
+    assert r["latency_s"] == pytest.approx(0.008, rel=0.05)
+    assert r["throughput_tok_s"] == pytest.approx(124, rel=0.02)
+    for key in ("params", "param_bytes", "kv_bytes_per_seq", "memory_bytes", "fits"):
+        assert key in r
+    big = json.loads(run("napkin", "--batch", "256", "--json").stdout)
+    assert big["fits"] is False
+    gqa = json.loads(run("napkin", "--batch", "256", "--kv-heads", "8", "--json").stdout)
+    assert gqa["fits"] is True
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "Hi", "--temperature", "-1"], "temperature"),
+    (["generate", "Hi", "--top-p", "0"], "top_p"),
+    (["generate", "Hi", "--top-k", "-2"], "top_k"),
+    (["generate", "Hi", "--model", "no-such-model"], "unknown model"),
+    (["generate", "Hi", "--max-new-tokens", "5000"], "context"),
+    (["generate", "", "--max-new-tokens", "5"], "empty"),
+    (["eval", "ppl", "--model", "/nonexistent/dir"], "unknown model"),
+    (["napkin", "--model", "gpt-17"], "unknown model"),
+    (["napkin", "--kv-heads", "7"], "kv_heads"),
+])
+def test_bad_input_exits_2_with_a_clear_message(run, args, message):
+    p = run(*args, ok=False)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_console_script_and_python_dash_m():
+    exe = Path(sys.executable).with_name("minillm")
+    assert exe.exists(), "the minillm console script is not installed"
+    p = subprocess.run([str(exe), "generate", "Hark", "--max-new-tokens", "4", "--model", "draft"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.startswith("Hark"), p.stderr
+    p = subprocess.run(RUN + ["napkin", "--model", "nope"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2 and "unknown model" in p.stderr
