@@ -67,7 +67,8 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 def train_model(preset: str, steps: int, out: Path, batch_size: int = 8, seq_len: int = 512,
                 lr: float = 2e-3, warmup: int = 100, seed: int = 0, device: str = "cpu",
-                eval_every: int = 250, autocast: bool = True, compile: bool = False) -> dict:
+                eval_every: int = 250, autocast: bool = True, compile: bool = False,
+                init_from: Path | None = None) -> dict:
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     tok = Tokenizer.from_file(TOKENIZER_FILE)
@@ -76,6 +77,14 @@ def train_model(preset: str, steps: int, out: Path, batch_size: int = 8, seq_len
         raise ValueError(f"preset vocab {config.vocab_size} != tokenizer vocab {tok.vocab_size}")
     train_ids, val_ids = load_tokens(tok, "train"), load_tokens(tok, "val")
     model = Transformer(config).to(device)
+    previous = None
+    if init_from is not None:        # continue training a checkpoint (fresh optimizer + schedule)
+        from .weights import load_checkpoint
+        model = load_checkpoint(init_from).to(device)
+        if model.config != config:
+            raise ValueError(f"{init_from} is not a {preset!r} checkpoint")
+        log_file = Path(init_from) / "train_log.json"
+        previous = json.loads(log_file.read_text()) if log_file.is_file() else None
     fwd = torch.compile(model) if compile else model
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -108,6 +117,17 @@ def train_model(preset: str, steps: int, out: Path, batch_size: int = 8, seq_len
             tqdm.write(f"step {step + 1}: train {loss.item():.3f} val {val:.3f}")
     log["train_tokens_seen"] = steps * batch_size * seq_len
     log["wall_s"] = round(time.time() - t0, 1)
+    log["warmup"] = warmup
+    if previous is not None:         # one log for the whole history: totals + each phase
+        phases = previous.pop("phases", None) or [previous]
+        log["phases"] = phases + [{k: v for k, v in log.items() if k != "phases"}]
+        offset = sum(ph["steps"] for ph in phases)
+        for point in log["curve"]:
+            point["step"] += offset
+        log["curve"] = sum((ph["curve"] for ph in phases), []) + log["curve"]
+        log["steps"] = offset + steps
+        log["train_tokens_seen"] = sum(ph["train_tokens_seen"] for ph in log["phases"])
+        log["wall_s"] = round(sum(ph["wall_s"] for ph in log["phases"]), 1)
     model = model.float().cpu().eval()
     save_checkpoint(model, out, tokenizer=tok, dtype=torch.bfloat16,
                     extra={"name": preset, "trained_by": "python -m minillm.train"})
@@ -133,6 +153,9 @@ def main(argv=None):
     m.add_argument("--no-autocast", action="store_true", help="train in fp32")
     m.add_argument("--compile", action="store_true", help="torch.compile the training forward")
     m.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    m.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
+    m.add_argument("--init-from", type=Path, default=None,
+                   help="continue from this checkpoint's weights (its train_log.json is extended)")
     m.add_argument("--out", type=Path, default=None, help="default: minillm/assets/<preset>")
     a = p.parse_args(argv)
     if getattr(a, "threads", None):
@@ -144,8 +167,8 @@ def main(argv=None):
         print(f"tokenizer: {tok.vocab_size} tokens -> {a.out}")
     else:
         log = train_model(a.preset, a.steps, a.out or ASSETS / a.preset, a.batch_size, a.seq_len,
-                          a.lr, seed=a.seed, device=a.device, autocast=not a.no_autocast,
-                          compile=a.compile)
+                          a.lr, warmup=a.warmup, seed=a.seed, device=a.device,
+                          autocast=not a.no_autocast, compile=a.compile, init_from=a.init_from)
         print(json.dumps({k: v for k, v in log.items() if k != "curve"}, indent=2))
 
 
