@@ -17,11 +17,41 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# Students work in the released (solution-free) notebooks under build/release/; labs missing
+# there are generated first, labs already there are never overwritten. PYTHONPATH lets the
+# kernels import minillm/autograder from this checkout whatever the notebook's folder.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=labs $(if $(filter 0,$(shell id -u)),--allow-root,)
+	$(PY) -m autograder release --missing
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VENV)/bin/jupyter lab \
+		--notebook-dir=build/release $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: $(STAMP)
 	$(PY) -m pytest
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Grading (autograder/README.md). release: student versions of every lab (or LABS="00_sampling
+# 01_roofline") -> build/release/, registered in build/gradebook.db; overwrites build/release.
+# grade: SUBMISSIONS=dir holding dir/<student>/<lab>/<lab>.ipynb -> gradebook, build/grades.csv,
+# build/feedback/. selfgrade: NB=path/to/notebook.ipynb, graded in a temporary course.
+.PHONY: release grade selfgrade
+
+release: $(STAMP)
+	$(PY) -m autograder release $(LABS)
+
+grade: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=dir (dir/<student>/<lab>/<lab>.ipynb)"; exit 2; }
+	$(PY) -m autograder grade "$(SUBMISSIONS)"
+
+selfgrade: $(STAMP)
+	@test -n "$(NB)" || { echo "usage: make selfgrade NB=path/to/notebook.ipynb"; exit 2; }
+	$(PY) -m autograder selfgrade "$(NB)"
+
+# Slides (slides/build.py): every deck slides/NN_topic.md -> build/slides/NN_topic.html, one
+# self-contained offline file each (figures computed by minillm); PDF=1 also prints each deck to
+# build/slides/NN_topic.pdf with chromium. Open the HTML in a browser: arrow keys, n for notes.
+.PHONY: slides
+
+slides: $(STAMP)
+	$(PY) -m slides.build $(if $(PDF),--pdf,)

@@ -18,6 +18,8 @@ Read it top to bottom; it follows the lecture.
        throughput = B / latency
    For Llama-2-13B on an H100 at S = 1000: B = 1 -> ~8 ms/token, ~124 tok/s; B = 256 needs
    ~240 GB and does not fit in 80 GB; with GQA (K = 8 instead of 40) it does.
+4. Any machine has a roofline: time X @ W over batch sizes, and the best FLOP/s and the best
+   bytes/s reached are its two roofs (`empirical_roofline`); lab 01 measures the CPU it runs on.
 
 Notation as in `minillm.config`: D = dim, F = hidden_dim, L = n_layers, N = n_heads,
 K = n_kv_heads, H = head_dim, V = vocab_size; B = batch, S = keys (context), T = queries.
@@ -340,6 +342,50 @@ def latency_throughput_curve(model: ModelConfig | str, hw: Hardware | str, seq_l
         "max_throughput_tok_s": rows[0]["max_throughput_tok_s"],
         "memory_limit_bytes": get_hardware(hw).memory_bytes,
     }
+
+
+# ============================================================================================
+# 5. A measured roofline: the same two roofs, read off timings of a real machine (e.g. a CPU)
+# ============================================================================================
+
+
+def matmul_counts(batch: int, d_in: int, d_out: int, bytes_per_value: float = 2) -> tuple:
+    """(FLOPs, bytes) of one X (batch x d_in) @ W (d_in x d_out) as numbers: the counts of
+    `matmul_flops_and_bytes` at this shape, with `bytes_per_value` bytes per value
+    (2 = bf16, 4 = fp32). FLOPs 2*B*D*F; bytes read X and W, write Y."""
+    for name, value in (("batch", batch), ("d_in", d_in), ("d_out", d_out)):
+        _check_positive_int(name, value)
+    bytes_per_value = _check_bytes("bytes_per_value", bytes_per_value)
+    flops = 2 * batch * d_in * d_out
+    nbytes = bytes_per_value * (batch * d_in + d_in * d_out + batch * d_out)
+    return flops, nbytes
+
+
+def empirical_roofline(intensity, flops_per_s) -> dict:
+    """The roofline that measured points prove this machine has at least:
+
+        peak      = the best FLOP/s any point reached            (the flat roof)
+        bandwidth = the best bytes/s any point reached,
+                    i.e. max(flops_per_s / intensity)            (the slanted roof)
+        ridge     = peak / bandwidth                             (this machine's accelerator intensity)
+
+    Every point then lies on or under min(peak, bandwidth * intensity), and touches it at least
+    twice. Both roofs are lower bounds on the hardware's true figures."""
+    intensity, flops_per_s = [float(x) for x in intensity], [float(y) for y in flops_per_s]
+    if not intensity or len(intensity) != len(flops_per_s):
+        raise ValueError("need the same (nonzero) number of intensities and FLOP/s measurements")
+    if any(not (x > 0 and math.isfinite(x)) for x in intensity + flops_per_s):
+        raise ValueError("intensities and FLOP/s must be positive finite numbers")
+    peak = max(flops_per_s)
+    bandwidth = max(y / x for x, y in zip(intensity, flops_per_s))
+    return {"peak_flops_per_s": peak, "bandwidth_bytes_per_s": bandwidth,
+            "ridge_intensity": peak / bandwidth}
+
+
+def roofline_flops_per_s(intensity: float, peak_flops_per_s: float,
+                         bandwidth_bytes_per_s: float) -> float:
+    """The napkin prediction: attainable FLOP/s = min(peak, bandwidth * intensity)."""
+    return min(peak_flops_per_s, bandwidth_bytes_per_s * intensity)
 
 
 def format_row(r: dict) -> str:

@@ -1,0 +1,68 @@
+"""python -m autograder release [LAB ...] | grade DIR | selfgrade NOTEBOOK  (see README.md)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", help="course root (default: the directory with nbgrader_config.py "
+                                  "and labs/ at or above the working directory)")
+    p.add_argument("--cell-timeout", type=int, default=None,
+                   help="seconds per cell (default: nbgrader_config.py's Execute.timeout)")
+    p.add_argument("--notebook-timeout", type=int, default=None,
+                   help="seconds per notebook (default: GuardedExecute.notebook_timeout)")
+    p.add_argument("--mem-gb", type=float, default=None,
+                   help="kernel memory bound in GiB (default: half the RAM within [2, 8]; "
+                        "0 = none)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("release", help="student versions of the labs -> build/release/<lab>/")
+    p.add_argument("labs", nargs="*", help="lab folder names (default: every lab in labs/)")
+    p.add_argument("--missing", action="store_true",
+                   help="only labs not released yet (never overwrites a student's work)")
+    p.add_argument("--root")
+
+    p = sub.add_parser("grade", help="autograde DIR/<student>/<lab>/<lab>.ipynb into the gradebook,"
+                                     " build/grades.csv and build/feedback/")
+    p.add_argument("submissions", help="directory of submissions: DIR/<student>/<lab>/<nb>.ipynb")
+    p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
+    _limits(p)
+
+    p = sub.add_parser("selfgrade", help="grade your own notebook (hidden tests included)")
+    p.add_argument("notebook")
+    p.add_argument("--lab", help="lab folder name (default: from the notebook's name or folder)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary course to inspect it")
+    _limits(p)
+
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "release":
+            from .course import Course
+            course = Course(args.root) if args.root else Course.find()
+            done = course.release(args.labs or None, missing_only=args.missing)
+            if done:
+                print(f"released {', '.join(done)} -> {course.build / 'release'}")
+            elif args.missing:
+                print(f"all labs already released in {course.build / 'release'}")
+            else:
+                print(f"no labs in {course.root / 'labs'}")
+            return 0
+        if args.cmd == "grade":
+            from .grade import main_grade
+            return main_grade(args)
+        if args.cmd == "selfgrade":
+            from .selfgrade import main_selfgrade
+            return main_selfgrade(args)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,474 @@
+"""One nbgrader course on disk and the nbgrader steps the CLI runs on it.
+
+A course root is a directory holding `nbgrader_config.py` and `labs/` (the repository itself, or a
+temporary copy made by the tests or by `selfgrade`). Every nbgrader command runs as a subprocess
+with the root as working directory and `--CourseDirectory.root`, so nbgrader always finds the
+config (without it nbgrader silently uses ./gradebook.db and finds nothing).
+
+Untrusted execution: each `nbgrader autograde` (one student x one lab) runs in its own process
+session with
+  * a wall-clock limit (the notebook limit + a margin); on expiry the whole process tree,
+    including the kernel that jupyter_client starts in a session of its own, is killed;
+  * a memory bound, RLIMIT_DATA, inherited by the kernel. RLIMIT_DATA (Linux >= 4.7) counts
+    writable private memory (heap, anonymous mmaps: every tensor), not address-space
+    reservations; RLIMIT_AS would also count the PROT_NONE reservations that CUDA, glibc arenas
+    and thread stacks make and break `import torch` / CUDA init on big machines. Before the first
+    use, a probe imports torch (and initialises CUDA when present) under the limit; if the probe
+    fails, grading continues without the limit and says so;
+  * RLIMIT_FSIZE (no file over 1 GiB) and RLIMIT_CORE = 0.
+A submission that crashes, hangs or is killed scores zero for every test that did not pass.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LAB_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
+STUDENT_RE = re.compile(r"^[A-Za-z0-9_.@-]+$")
+MARGIN_S = 180                      # nbgrader + kernel start-up and shutdown on a busy machine
+FSIZE_LIMIT = 1 << 30
+
+
+def _package_parent() -> Path:
+    """The directory that holds the `autograder` package (the repository in a dev install)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(extra: dict | None = None) -> dict:
+    """Environment for nbgrader subprocesses: the venv's bin first on PATH (nbgrader shells out
+    to `alembic`), and the directory holding `autograder`/`minillm` on PYTHONPATH so the kernel
+    imports the same packages as the grader whatever its working directory."""
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bindir] + [p for p in env.get("PATH", "").split(os.pathsep)
+                                              if p and p != bindir])
+    pp = [str(_package_parent())] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pp))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("MPLBACKEND", "Agg")
+    env.pop("JUPYTER_PLATFORM_DIRS", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _ensure_alembic_on_path() -> None:
+    # nbgrader.api.Gradebook runs the `alembic` executable found on PATH.
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+# --- process control --------------------------------------------------------------------------
+def _limits(mem_bytes: int | None):
+    def apply():
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, FSIZE_LIMIT))
+        if mem_bytes:
+            resource.setrlimit(resource.RLIMIT_DATA, (mem_bytes, mem_bytes))
+    return apply
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, its process group and all its descendants (the kernel runs in a
+    session of its own, so killing the group alone would leave it running)."""
+    procs = []
+    try:
+        import psutil
+        try:
+            parent = psutil.Process(pid)
+            procs = parent.children(recursive=True) + [parent]
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+    except ImportError:                                    # psutil comes with ipykernel
+        pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class RunResult:
+    cmd: list[str]
+    returncode: int | None          # None when killed on timeout
+    seconds: float
+    timed_out: bool
+    log: Path | None
+    output: str = ""                # the captured output (also in `log`)
+
+
+def run_logged(cmd: list[str], *, cwd: Path, log: Path | None = None, timeout: float | None = None,
+               mem_bytes: int | None = None, env: dict | None = None) -> RunResult:
+    """Run `cmd` in its own session with limits; output to `log` (or a temporary file)."""
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(log, "w+b")
+    else:
+        fh = tempfile.TemporaryFile()
+    t0 = time.monotonic()
+    timed_out = False
+    with fh:
+        proc = subprocess.Popen(cmd, cwd=str(cwd), stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env or subprocess_env(),
+                                start_new_session=True, preexec_fn=_limits(mem_bytes))
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_tree(proc.pid)
+            proc.wait()
+        except BaseException:
+            kill_tree(proc.pid)
+            proc.wait()
+            raise
+        seconds = time.monotonic() - t0
+        fh.seek(0)
+        output = fh.read().decode("utf-8", "replace")
+    return RunResult(cmd=cmd, returncode=None if timed_out else proc.returncode,
+                     seconds=seconds, timed_out=timed_out, log=log, output=output)
+
+
+_PROBE = ("import torch, autograder\n"
+          "x = torch.randn(256, 256) @ torch.randn(256, 256)\n"
+          "if torch.cuda.is_available():\n"
+          "    torch.ones(1, device='cuda'); torch.cuda.synchronize()\n"
+          "print('probe ok')\n")
+_probe_cache: dict[int, bool] = {}
+
+
+def memory_limit_works(mem_bytes: int) -> bool:
+    """Does `import torch` (and CUDA init, if present) work under RLIMIT_DATA = mem_bytes?"""
+    if mem_bytes not in _probe_cache:
+        r = run_logged([sys.executable, "-c", _PROBE], cwd=Path(tempfile.gettempdir()),
+                       timeout=300, mem_bytes=mem_bytes)
+        _probe_cache[mem_bytes] = r.returncode == 0 and "probe ok" in r.output
+    return _probe_cache[mem_bytes]
+
+
+def default_mem_bytes() -> int:
+    """Half the machine's memory, between 2 and 8 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return int(min(8 << 30, max(2 << 30, total // 2)))
+
+
+# --- scores -----------------------------------------------------------------------------------
+@dataclass
+class CellScore:
+    grade_id: str
+    notebook: str
+    score: float | None             # None = needs manual grading
+    max_score: float
+    autograded: bool                # a test cell (grade, not solution)
+    errors: list[str] = field(default_factory=list)    # from the autograded notebook
+
+
+@dataclass
+class GradeRecord:
+    student: str
+    lab: str
+    status: str                     # ok | cell timeout | notebook timeout | kernel died |
+    #                                kernel unresponsive | failed | killed after N s
+    seconds: float                  # the whole `nbgrader autograde` subprocess
+    exec_seconds: float | None      # executing the notebook(s), from GuardedExecute's report
+    cells: list[CellScore] = field(default_factory=list)
+    log: Path | None = None
+
+    @property
+    def score(self) -> float:
+        return sum(c.score or 0.0 for c in self.cells)
+
+    @property
+    def max_score(self) -> float:
+        return sum(c.max_score for c in self.cells)
+
+
+# --- the course -------------------------------------------------------------------------------
+class Course:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        if not (self.root / "nbgrader_config.py").is_file():
+            raise FileNotFoundError(f"{self.root} has no nbgrader_config.py: not a course root")
+
+    @classmethod
+    def find(cls, start: str | Path | None = None) -> "Course":
+        """The course root: `start` or the working directory or one of their parents, else the
+        directory holding the autograder package."""
+        here = Path(start or os.getcwd()).resolve()
+        for d in [here, *here.parents, _package_parent()]:
+            if (d / "nbgrader_config.py").is_file() and (d / "labs").is_dir():
+                return cls(d)
+        raise FileNotFoundError("no course root (a directory with nbgrader_config.py and labs/) "
+                                f"at or above {here}; pass --root")
+
+    # paths
+    @property
+    def build(self) -> Path:
+        return self.root / "build"
+
+    @property
+    def db_url(self) -> str:
+        return "sqlite:///" + str(self.build / "gradebook.db")
+
+    def source(self, lab: str) -> Path:
+        return self.root / "labs" / lab
+
+    def release_dir(self, lab: str) -> Path:
+        return self.build / "release" / lab
+
+    def submitted(self, student: str, lab: str) -> Path:
+        return self.build / "submitted" / student / lab
+
+    def autograded(self, student: str, lab: str) -> Path:
+        return self.build / "autograded" / student / lab
+
+    def feedback(self, student: str, lab: str) -> Path:
+        return self.build / "feedback" / student / lab
+
+    def labs(self) -> list[str]:
+        """Lab folders labs/NN_topic that hold NN_topic.ipynb, sorted."""
+        d = self.root / "labs"
+        if not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir()
+                      if p.is_dir() and LAB_RE.match(p.name) and (p / f"{p.name}.ipynb").is_file())
+
+    def check_lab(self, lab: str) -> str:
+        lab = lab.strip("/").split("/")[-1]
+        if lab not in self.labs():
+            raise ValueError(f"unknown lab {lab!r}; labs in {self.root / 'labs'}: {self.labs()}")
+        return lab
+
+    # nbgrader
+    def nbgrader(self, *args: str, log: Path | None = None, timeout: float | None = None,
+                 mem_bytes: int | None = None, env_extra: dict | None = None) -> RunResult:
+        cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={self.root}"]
+        self.build.mkdir(parents=True, exist_ok=True)
+        return run_logged(cmd, cwd=self.root, log=log, timeout=timeout, mem_bytes=mem_bytes,
+                          env=subprocess_env(env_extra))
+
+    def gradebook(self):
+        _ensure_alembic_on_path()
+        from nbgrader.api import Gradebook
+        self.build.mkdir(parents=True, exist_ok=True)
+        return Gradebook(self.db_url, "minillm")
+
+    def registered_labs(self) -> set[str]:
+        if not (self.build / "gradebook.db").is_file():
+            return set()
+        with self.gradebook() as gb:
+            return {a.name for a in gb.assignments}
+
+    def release(self, labs: list[str] | None = None, *, missing_only: bool = False,
+                log_dir: Path | None = None) -> list[str]:
+        """`nbgrader generate_assignment --force` for each lab (all by default): student version
+        in build/release/LAB, assignment and its cells registered in the gradebook. With
+        `missing_only`, labs whose release folder and gradebook entry exist are left alone (so
+        `make lab` never overwrites a student's work). Returns the labs released."""
+        labs = [self.check_lab(x) for x in labs] if labs else self.labs()
+        if missing_only:
+            registered = self.registered_labs()
+            labs = [x for x in labs if x not in registered or
+                    not (self.release_dir(x) / f"{x}.ipynb").is_file()]
+        log_dir = log_dir or self.build / "logs"
+        (self.build / "release").mkdir(parents=True, exist_ok=True)
+        for lab in labs:
+            r = self.nbgrader("generate_assignment", lab, "--force",
+                              log=log_dir / f"release_{lab}.log", timeout=600)
+            if r.returncode != 0 or not (self.release_dir(lab) / f"{lab}.ipynb").is_file():
+                raise RuntimeError(f"nbgrader generate_assignment {lab} failed "
+                                   f"(exit {r.returncode}); log {r.log}:\n{_tail(r.output)}")
+        return labs
+
+    def register_students(self, students: list[str]) -> None:
+        with self.gradebook() as gb:
+            for s in students:
+                gb.update_or_create_student(s)
+
+    def autograde(self, student: str, lab: str, *, cell_timeout: int | None = None,
+                  notebook_timeout: int | None = None, mem_bytes: int | None = None,
+                  wall_timeout: float | None = None, log_dir: Path | None = None) -> GradeRecord:
+        """`nbgrader autograde LAB --student STUDENT --force` in its own limited process, then
+        the scores read back from the gradebook (zeros if nbgrader did not finish)."""
+        args = ["autograde", lab, f"--student={student}", "--force"]
+        if cell_timeout:
+            args.append(f"--Execute.timeout={int(cell_timeout)}")
+        if notebook_timeout:
+            args.append(f"--GuardedExecute.notebook_timeout={int(notebook_timeout)}")
+        if wall_timeout is None:
+            wall_timeout = (notebook_timeout or self.configured_notebook_timeout()) + MARGIN_S
+        log_dir = log_dir or self.build / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        report = log_dir / f"autograde_{student}_{lab}.report.jsonl"
+        report.unlink(missing_ok=True)
+        r = self.nbgrader(*args, log=log_dir / f"autograde_{student}_{lab}.log",
+                          timeout=wall_timeout, mem_bytes=mem_bytes,
+                          env_extra={"AUTOGRADER_REPORT": str(report)})
+        reports = []
+        if report.is_file():
+            reports = [json.loads(line) for line in report.read_text().splitlines() if line]
+        exec_s = sum(x["seconds"] for x in reports) if reports else None
+        if r.timed_out:
+            status = f"killed after {wall_timeout:.0f} s"
+        elif r.returncode != 0 or not reports:
+            status = "failed"
+        elif any(x["kernel_died"] is not None for x in reports):
+            status = "kernel died"
+        elif any(x.get("unresponsive") is not None for x in reports):
+            status = "kernel unresponsive"
+        elif any(x["notebook_timeout"] for x in reports):
+            status = "notebook timeout"
+        elif any(x["cell_timeouts"] for x in reports):
+            status = "cell timeout"
+        else:
+            status = "ok"
+        if status == "failed" or r.timed_out:
+            self.zero_submission(student, lab)
+        return GradeRecord(student=student, lab=lab, status=status, seconds=r.seconds,
+                           exec_seconds=exec_s, cells=self.scores(student, lab), log=r.log)
+
+    def configured_notebook_timeout(self) -> int:
+        text = (self.root / "nbgrader_config.py").read_text()
+        m = re.search(r"GuardedExecute\.notebook_timeout\s*=\s*(\d+)", text)
+        return int(m.group(1)) if m else 900
+
+    def zero_submission(self, student: str, lab: str) -> None:
+        """Every autograded test of this submission scores zero (nbgrader did not finish, so
+        none of them can be trusted; stale scores of an earlier run are overwritten too)."""
+        from nbgrader.api import MissingEntry
+        with self.gradebook() as gb:
+            gb.update_or_create_student(student)
+            sub = gb.update_or_create_submission(lab, student)
+            for nb in sub.notebooks:
+                for grade in nb.grades:
+                    if _is_autograded(gb, grade, nb.name, lab, MissingEntry):
+                        grade.auto_score = 0.0
+                        grade.needs_manual_grade = False
+            gb.db.commit()
+
+    def scores(self, student: str, lab: str) -> list[CellScore]:
+        """Per graded cell: score (None = manual), max, whether autograded, and the errors shown
+        in the autograded notebook."""
+        from nbgrader.api import MissingEntry
+        out: list[CellScore] = []
+        with self.gradebook() as gb:
+            try:
+                sub = gb.find_submission(lab, student)
+            except MissingEntry:
+                return out
+            for nb in sub.notebooks:
+                errors = _cell_errors(self.autograded(student, lab) / f"{nb.name}.ipynb")
+                for grade in nb.grades:
+                    auto = _is_autograded(gb, grade, nb.name, lab, MissingEntry)
+                    score = grade.manual_score if grade.manual_score is not None \
+                        else grade.auto_score
+                    out.append(CellScore(grade_id=grade.name, notebook=nb.name,
+                                         score=None if score is None else float(score),
+                                         max_score=float(grade.max_score), autograded=auto,
+                                         errors=errors.get(grade.name, [])))
+        order = {gid: i for i, gid in enumerate(self.grade_ids_in_order(lab))}
+        out.sort(key=lambda c: (c.notebook, order.get(c.grade_id, 10 ** 6), c.grade_id))
+        return out
+
+    def grade_ids_in_order(self, lab: str) -> list[str]:
+        import nbformat
+        ids = []
+        for path in sorted(self.source(lab).glob("*.ipynb")):
+            nb = nbformat.read(str(path), as_version=4)
+            ids += [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+        return [x for x in ids if x]
+
+    def export_csv(self, path: Path | None = None, log_dir: Path | None = None) -> Path:
+        path = path or self.build / "grades.csv"
+        r = self.nbgrader("export", f"--to={path}",
+                          log=(log_dir or self.build / "logs") / "export.log", timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError(f"nbgrader export failed; log {r.log}:\n{_tail(r.output)}")
+        return path
+
+    def generate_feedback(self, lab: str, log_dir: Path | None = None) -> RunResult:
+        return self.nbgrader("generate_feedback", lab, "--force",
+                             log=(log_dir or self.build / "logs") / f"feedback_{lab}.log",
+                             timeout=600)
+
+
+def _is_autograded(gb, grade, notebook: str, lab: str, MissingEntry) -> bool:
+    """A test cell: a code grade cell that is not also a solution cell."""
+    if grade.cell.cell_type != "code":
+        return False
+    try:
+        gb.find_solution_cell(grade.name, notebook, lab)
+        return False
+    except MissingEntry:
+        return True
+
+
+def _cell_errors(path: Path) -> dict[str, list[str]]:
+    """grade_id -> the error outputs (and stderr) of that cell in an autograded notebook."""
+    if not path.is_file():
+        return {}
+    import nbformat
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except Exception:
+        return {}
+    out: dict[str, list[str]] = {}
+    for cell in nb.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if not gid or cell.cell_type != "code":
+            continue
+        msgs = []
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                evalue = str(o.get("evalue", "")).strip()
+                msg = f"{o.get('ename')}: {evalue}" if evalue else str(o.get("ename"))
+                where = _failing_line(o.get("traceback", []))
+                if where and not evalue:                # a bare `assert ...` or a stub
+                    msg += f" at: {where}"
+                msgs.append(msg)
+            elif o.get("output_type") == "stream" and o.get("name") == "stderr":
+                text = "".join(o.get("text", "")).strip()
+                msgs.append("output on stderr (nbgrader scores it as a failure): "
+                            + _tail(text, 300))
+        if msgs:
+            out[gid] = msgs
+    return out
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _failing_line(traceback: list[str]) -> str | None:
+    """The line of the graded cell that raised (the '---->' line of the first cell frame)."""
+    for frame in traceback:
+        frame = _ANSI.sub("", frame)
+        if "Cell In[" not in frame and "<ipython-input" not in frame:
+            continue
+        for line in frame.splitlines():
+            m = re.match(r"^-*>\s*\d+\s(.*)$", line)
+            if m:
+                return m.group(1).strip()
+        return None
+    return None
+
+
+def _tail(text: str, n: int = 2000) -> str:
+    return text if len(text) <= n else "..." + text[-n:]

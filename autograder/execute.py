@@ -1,0 +1,134 @@
+"""The notebook executor the autograder runs inside `nbgrader autograde` (see nbgrader_config.py).
+
+It is nbgrader's `Execute` preprocessor with three changes for untrusted submissions:
+
+* a per-notebook deadline (`GuardedExecute.notebook_timeout`) on top of nbgrader's per-cell
+  `Execute.timeout`; cells that would start after it are not run and get a `NotebookTimeout`
+  error output, so their tests score zero;
+* a kernel that dies (os._exit, a segfault, the memory limit) or that stays busy after a timed
+  out cell was interrupted no longer aborts the whole submission: the cell that was running and
+  every later code cell get a `KernelDied` / `KernelUnresponsive` error output, so what ran before keeps its points and the rest scores zero (nbgrader counts a test
+  cell without an error output as passed, so unexecuted cells must never be left blank);
+* before the first cell, the kernel imports `autograder` (`setup_code`), which binds the clock and
+  the helpers the test cells use before any student code can patch them.
+
+If the environment variable AUTOGRADER_REPORT names a file, a JSON line per notebook is appended
+to it: {"notebook", "seconds", "cells", "cell_timeouts", "notebook_timeout", "kernel_died",
+"unresponsive"} (the last two: index of the cell, or null).
+
+This module imports only nbgrader/nbclient (not torch): nbgrader_config.py loads it by path
+without importing the `autograder` package, to keep `nbgrader` start-up fast.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from time import monotonic
+
+from nbclient.client import NotebookClient
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat.notebooknode import NotebookNode
+from nbgrader.preprocessors import Execute
+from traitlets import Integer, Unicode
+
+
+def _error_output(ename: str, evalue: str) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue,
+                        traceback=[f"{ename}: {evalue}"])
+
+
+class GuardedExecute(Execute):
+    notebook_timeout = Integer(
+        900, help="Seconds the whole notebook may run (0 = no limit); cells that would start "
+                  "later are not run and score zero.").tag(config=True)
+    setup_code = Unicode(
+        "import autograder", help="Run silently in the kernel before the first cell "
+                                  "(a failure is logged, not fatal).").tag(config=True)
+
+    def _remaining(self) -> float:
+        return self._deadline - monotonic() if self._deadline is not None else math.inf
+
+    def _get_timeout(self, cell):
+        timeout = super()._get_timeout(cell)
+        remaining = self._remaining()
+        if remaining == math.inf:
+            return timeout
+        remaining = max(1, math.ceil(remaining))
+        return remaining if timeout is None else min(timeout, remaining)
+
+    def _run_setup(self) -> None:
+        if not self.setup_code.strip():
+            return
+        try:
+            msg_id = self.kc.execute(self.setup_code, silent=True, store_history=False)
+            reply = self.wait_for_reply(msg_id)
+            if reply is None or reply["content"].get("status") != "ok":
+                content = (reply or {}).get("content", {})
+                self.log.warning("autograder setup code failed in the kernel: %s: %s",
+                                 content.get("ename"), content.get("evalue"))
+        except Exception as e:          # never let the setup stop grading
+            self.log.warning("autograder setup code could not run: %r", e)
+
+    def preprocess(self, nb, resources=None, km=None):
+        # Same as nbconvert's ExecutePreprocessor.preprocess, plus the deadline, the set-up code
+        # and the dead-kernel handling.
+        NotebookClient.__init__(self, nb, km)
+        self.reset_execution_trackers()
+        self._check_assign_resources(resources)
+        timeout = int(self.notebook_timeout or 0)
+        self._deadline = monotonic() + timeout if timeout > 0 else None
+        report = {"notebook": (resources or {}).get("nbgrader", {}).get("notebook"),
+                  "cells": 0, "cell_timeouts": [], "notebook_timeout": False,
+                  "kernel_died": None, "unresponsive": None}
+        t0 = monotonic()
+        index = 0
+        try:
+            with self.setup_kernel():
+                assert self.kc
+                info_msg = self.wait_for_reply(self.kc.kernel_info())
+                assert info_msg
+                self.nb.metadata["language_info"] = info_msg["content"]["language_info"]
+                self._run_setup()
+                for index, cell in enumerate(self.nb.cells):
+                    if cell.cell_type != "code" or not cell.source.strip():
+                        continue
+                    if self._remaining() <= 0:
+                        report["notebook_timeout"] = True
+                        cell.outputs = [_error_output(
+                            "NotebookTimeout", f"not run: the notebook used up its "
+                                               f"{timeout} s time limit before this cell")]
+                        continue
+                    self.preprocess_cell(cell, resources, index)
+                    report["cells"] += 1
+                    if any(o.get("output_type") == "error" and
+                           o.get("ename") == self.error_on_timeout.get("ename")
+                           for o in cell.get("outputs", [])):
+                        report["cell_timeouts"].append(index)
+        except (DeadKernelError, CellTimeoutError) as e:
+            # DeadKernelError: the kernel process is gone. CellTimeoutError: a cell ran past its
+            # timeout and the kernel ignored the interrupt (it never went idle again).
+            died = isinstance(e, DeadKernelError)
+            report["kernel_died" if died else "unresponsive"] = index
+            why = ("the kernel died while running cell {i} (a crash, os._exit, or the memory "
+                   "limit)" if died else "the kernel did not respond after cell {i} timed out "
+                   "and was interrupted").format(i=index)
+            self.log.error("%s: %s", why, e)
+            for i, cell in enumerate(self.nb.cells):
+                if i >= index and cell.cell_type == "code" and cell.source.strip():
+                    outputs = list(cell.get("outputs", [])) if i == index else []
+                    outputs.append(_error_output("KernelDied" if died else "KernelUnresponsive",
+                                                 why + ("" if i == index else
+                                                        "; this cell did not run")))
+                    cell.outputs = outputs
+        report["seconds"] = round(monotonic() - t0, 3)
+        self.set_widgets_metadata()
+        self.log.info("autograder execution report: %s", json.dumps(report))
+        path = os.environ.get("AUTOGRADER_REPORT")
+        if path:
+            try:
+                with open(path, "a") as f:
+                    f.write(json.dumps(report) + "\n")
+            except OSError as e:
+                self.log.warning("could not write the execution report to %s: %s", path, e)
+        return self.nb, self.resources

@@ -1,0 +1,145 @@
+"""Batch grading: `python -m autograder grade DIR`.
+
+DIR holds one folder per student, one folder per lab inside it, the notebook inside that:
+
+    DIR/<student_id>/<lab>/<lab>.ipynb        e.g. submissions/alice/00_sampling/00_sampling.ipynb
+
+(the layout nbgrader's own build/submitted uses; a `timestamp.txt` beside the notebook, if any, is
+used for late penalties). Each submission is copied into build/submitted, the student is
+registered, and `nbgrader autograde` runs for each student x lab in its own limited subprocess
+(see course.py), so one crashing or hanging notebook is graded (zero for what did not run) and
+the batch goes on. Then build/grades.csv (`nbgrader export`) and one feedback HTML per student
+and lab (`nbgrader generate_feedback` -> build/feedback/<student>/<lab>/<lab>.html).
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from .course import STUDENT_RE, Course, GradeRecord, default_mem_bytes, memory_limit_works
+
+
+def find_submissions(course: Course, subdir: Path, log=print) -> list[tuple[str, str, Path]]:
+    """(student, lab, folder) for every DIR/<student>/<lab>/ holding a notebook."""
+    labs = set(course.labs())
+    found = []
+    if not subdir.is_dir():
+        raise FileNotFoundError(f"no submissions directory {subdir}")
+    for sdir in sorted(p for p in subdir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if not STUDENT_RE.match(sdir.name):
+            log(f"skipping {sdir}: student ids may only use letters, digits and _ . @ -")
+            continue
+        for ldir in sorted(p for p in sdir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if ldir.name not in labs:
+                log(f"skipping {ldir}: {ldir.name!r} is not a lab of this course {sorted(labs)}")
+                continue
+            if not any(ldir.glob("*.ipynb")):
+                log(f"skipping {ldir}: no notebook in it")
+                continue
+            found.append((sdir.name, ldir.name, ldir))
+    return found
+
+
+def _fix_notebook_name(course: Course, lab: str, dest: Path, log=print) -> None:
+    """A lone notebook with another name ("00_sampling (1).ipynb") is graded as <lab>.ipynb."""
+    expected = {p.name for p in course.source(lab).glob("*.ipynb")}
+    present = {p.name for p in dest.glob("*.ipynb")}
+    if len(expected) == 1 and len(present) == 1 and expected != present:
+        (old,), (new,) = present, expected
+        (dest / old).rename(dest / new)
+        log(f"{dest.parent.name}/{lab}: grading {old} as {new}")
+
+
+def resolve_mem_bytes(mem_gb: float | None, log=print) -> int | None:
+    """The kernel memory bound in bytes (None = no bound): default half the RAM in [2, 8] GiB;
+    0 turns it off; dropped with a warning when torch cannot start under it."""
+    if mem_gb is not None and mem_gb <= 0:
+        return None
+    mem = int(mem_gb * (1 << 30)) if mem_gb else default_mem_bytes()
+    if not memory_limit_works(mem):
+        log(f"warning: torch does not start under a {mem / (1 << 30):.1f} GiB data limit on this "
+            "machine; grading without a memory bound")
+        return None
+    return mem
+
+
+def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int | None = None,
+                      notebook_timeout: int | None = None, mem_gb: float | None = None,
+                      feedback: bool = True, csv: bool = True, log=print) -> list[GradeRecord]:
+    subdir = Path(subdir).resolve()
+    subs = find_submissions(course, subdir, log)
+    if not subs:
+        log(f"no submissions found in {subdir} (expected {subdir}/<student>/<lab>/<lab>.ipynb)")
+        return []
+    labs = sorted({lab for _, lab, _ in subs})
+    released = course.release(labs, missing_only=True)
+    if released:
+        log(f"released (was missing): {', '.join(released)}")
+    mem = resolve_mem_bytes(mem_gb, log)
+    same_place = subdir == (course.build / "submitted").resolve()
+    for student, lab, folder in subs:
+        if not same_place:
+            dest = course.submitted(student, lab)
+            if dest.exists():
+                shutil.rmtree(dest)
+            shutil.copytree(folder, dest, ignore=shutil.ignore_patterns(".ipynb_checkpoints",
+                                                                         "__pycache__"))
+            _fix_notebook_name(course, lab, dest, log)
+    course.register_students(sorted({s for s, _, _ in subs}))
+
+    records = []
+    for i, (student, lab, _) in enumerate(subs, 1):
+        log(f"[{i}/{len(subs)}] autograding {student} / {lab} ...")
+        try:
+            rec = course.autograde(student, lab, cell_timeout=cell_timeout,
+                                   notebook_timeout=notebook_timeout, mem_bytes=mem)
+        except Exception as e:                  # the batch goes on whatever happens
+            log(f"    grader error: {e!r}")
+            try:
+                course.zero_submission(student, lab)
+                cells = course.scores(student, lab)
+            except Exception:
+                cells = []
+            rec = GradeRecord(student=student, lab=lab, status=f"grader error: {e!r}"[:60],
+                              seconds=0.0, exec_seconds=None, cells=cells)
+        log(f"    {rec.status}: {rec.score:g} / {rec.max_score:g} in {rec.seconds:.0f} s")
+        records.append(rec)
+    if csv:
+        path = course.export_csv()
+        log(f"grades: {path}")
+    if feedback:
+        for lab in labs:
+            r = course.generate_feedback(lab)
+            if r.returncode != 0:
+                log(f"warning: generate_feedback {lab} failed, see {r.log}")
+        log(f"feedback: {course.build / 'feedback'}/<student>/<lab>/<lab>.html")
+    log("")
+    log(format_table(records))
+    return records
+
+
+def format_table(records: list[GradeRecord]) -> str:
+    rows = [("student", "lab", "score", "max", "status", "seconds")]
+    for r in records:
+        manual = any(c.score is None for c in r.cells)
+        rows.append((r.student, r.lab, f"{r.score:g}" + ("*" if manual else ""),
+                     f"{r.max_score:g}", r.status, f"{r.seconds:.0f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if any("*" in row[2] for row in rows[1:]):
+        lines.append("* some cells need manual grading (nbgrader formgrader)")
+    return "\n".join(lines)
+
+
+def main_grade(args) -> int:
+    course = Course(args.root) if args.root else Course.find()
+    records = grade_submissions(course, args.submissions, cell_timeout=args.cell_timeout,
+                                notebook_timeout=args.notebook_timeout, mem_gb=args.mem_gb,
+                                feedback=not args.no_feedback)
+    return 0 if records else 1
+
+
+if __name__ == "__main__":
+    sys.exit("use: python -m autograder grade DIR")

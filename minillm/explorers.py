@@ -1,0 +1,313 @@
+"""Interactive explorers (ipywidgets) on the roofline napkin math of `minillm.roofline`.
+
+    from minillm.explorers import napkin_explorer
+    napkin_explorer()                       # in JupyterLab: a panel of controls, readouts and a plot
+
+Pick a model (or type your own D, L, N, K, H, F, V), a GPU (or your own bandwidth and HBM size),
+a batch size B, a context length S and the bytes per parameter. The readout shows what one decode
+step of the whole batch costs according to the lecture's formulas
+
+    memory     = B * S*K*H*L*2*bytes + params * bytes
+    latency    = memory / bandwidth          (decoding is memory-bound)
+    throughput = B / latency
+
+and the plot shows the latency/throughput trade-off over batch sizes, with the batch size at
+which the KV cache fills the GPU's memory marked. Nothing here is new math: every number comes
+from `minillm.roofline.napkin` / `latency_throughput_curve`, so the explorer and the lab agree.
+
+The returned `NapkinExplorer` is itself the widget (a VBox). For scripts and tests it exposes
+`controls` (name -> widget), `readout` (an HTML widget with CSS class `minillm-napkin-readout`),
+`plot` (an Output widget, class `minillm-napkin-plot`) and `state` (the last napkin row, curve,
+plotted data and error message).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+
+from . import roofline as rf
+from .config import ModelConfig
+
+CUSTOM = "custom"
+
+# (ModelConfig field, widget description): the lecture's letters first, so students recognise them
+DIM_FIELDS = (
+    ("dim", "D (model dim)"),
+    ("n_layers", "L (layers)"),
+    ("n_heads", "N (query heads)"),
+    ("n_kv_heads", "K (KV heads)"),
+    ("head_dim", "H (head dim)"),
+    ("hidden_dim", "F (MLP dim)"),
+    ("vocab_size", "V (vocab)"),
+)
+BYTES_PER_PARAM = (("fp32 (4 bytes)", 4.0), ("bf16 (2 bytes)", 2.0),
+                   ("int8 / fp8 (1 byte)", 1.0), ("int4 (0.5 byte)", 0.5))
+READOUT_CLASS = "minillm-napkin-readout"
+PLOT_CLASS = "minillm-napkin-plot"
+ERROR_CLASS = "minillm-napkin-error"
+
+_STYLE = {"description_width": "120px"}
+_LAYOUT = widgets.Layout(width="300px")
+
+
+def plot_batches(max_batch: int, batch: int, cap: int = 4096) -> list[int]:
+    """Batch sizes for the curve: powers of two up to a little past the memory limit (at least
+    up to the chosen batch), plus the chosen batch and the largest batch that fits."""
+    top = min(cap, max(8, 4 * max_batch, batch))
+    batches, b = set(), 1
+    while b <= top:
+        batches.add(b)
+        b *= 2
+    batches.add(batch)
+    if max_batch >= 1:
+        batches.add(max_batch)
+    return sorted(batches)
+
+
+class NapkinExplorer(widgets.VBox):
+    """Controls -> `minillm.roofline.napkin` -> readout + latency/throughput plot."""
+
+    def __init__(self, model: str = "llama-2-13b", gpu: str = "h100", batch: int = 64,
+                 seq_len: int = 1000, kv_heads: int | None = None, bytes_per_param: float = 2.0,
+                 max_batch_slider: int = 1024, max_seq_len_slider: int = 32768):
+        base = rf.get_model(model)
+        hw = rf.get_hardware(gpu)
+        self._syncing = False
+        self._holding = False    # set(): many controls, one redraw
+        self._base = base        # the last preset picked: a custom model keeps its tied/untied head
+        self.state: dict = {}
+        c: dict[str, widgets.Widget] = {}
+        c["model"] = widgets.Dropdown(options=list(rf.MODELS) + [CUSTOM], value=model,
+                                      description="model", style=_STYLE, layout=_LAYOUT)
+        for name, desc in DIM_FIELDS:
+            value = getattr(base, name) if name != "n_kv_heads" or kv_heads is None else kv_heads
+            c[name] = widgets.IntText(value=value, description=desc, style=_STYLE, layout=_LAYOUT)
+        c["gpu"] = widgets.Dropdown(options=list(rf.HARDWARE) + [CUSTOM], value=hw.name,
+                                    description="GPU", style=_STYLE, layout=_LAYOUT)
+        c["bandwidth_tb_s"] = widgets.FloatText(value=hw.mem_bandwidth_bytes_per_s / 1e12,
+                                                description="bandwidth (TB/s)", style=_STYLE,
+                                                layout=_LAYOUT)
+        c["memory_gb"] = widgets.FloatText(value=hw.memory_bytes / 1e9, description="HBM (GB)",
+                                           style=_STYLE, layout=_LAYOUT)
+        c["peak_tflops"] = widgets.FloatText(value=hw.flops_per_s / 1e12,
+                                             description="peak (TFLOP/s)", style=_STYLE,
+                                             layout=_LAYOUT)
+        c["batch"] = widgets.IntSlider(value=batch, min=1, max=max(max_batch_slider, batch),
+                                       description="batch B", continuous_update=False,
+                                       style=_STYLE, layout=_LAYOUT)
+        c["seq_len"] = widgets.IntSlider(value=seq_len, min=1,
+                                         max=max(max_seq_len_slider, seq_len),
+                                         description="seq len S", continuous_update=False,
+                                         style=_STYLE, layout=_LAYOUT)
+        c["bytes_per_param"] = widgets.Dropdown(options=BYTES_PER_PARAM,
+                                                value=float(bytes_per_param),
+                                                description="bytes/param", style=_STYLE,
+                                                layout=_LAYOUT)
+        self.controls = c
+        for w in c.values():
+            w.observe(self._on_change, names="value")
+
+        self.readout = widgets.HTML().add_class(READOUT_CLASS)
+        self.plot = widgets.Output(layout=widgets.Layout(min_width="480px")).add_class(PLOT_CLASS)
+        model_box = widgets.VBox([widgets.HTML("<b>model</b>"), c["model"]] +
+                                 [c[name] for name, _ in DIM_FIELDS])
+        gpu_box = widgets.VBox([widgets.HTML("<b>GPU</b>"), c["gpu"], c["bandwidth_tb_s"],
+                                c["memory_gb"], c["peak_tflops"]])
+        work_box = widgets.VBox([widgets.HTML("<b>workload</b>"), c["batch"], c["seq_len"],
+                                 c["bytes_per_param"]])
+        title = widgets.HTML("<b>Napkin math of one decode step</b> (memory-bound: "
+                             "latency = bytes / bandwidth)")
+        super().__init__([title, widgets.HBox([
+            widgets.VBox([model_box, gpu_box, work_box]),
+            widgets.VBox([self.readout, self.plot]),
+        ])])
+        self.add_class("minillm-napkin-explorer")
+        self.update()
+
+    # ---- control syncing ----------------------------------------------------------------
+    def _on_change(self, change):
+        if self._syncing:
+            return
+        owner = change["owner"]
+        c = self.controls
+        self._syncing = True
+        try:
+            if owner is c["model"] and change["new"] != CUSTOM:
+                cfg = self._base = rf.get_model(change["new"])
+                for name, _ in DIM_FIELDS:
+                    c[name].value = getattr(cfg, name)
+            elif owner is c["gpu"] and change["new"] != CUSTOM:
+                hw = rf.get_hardware(change["new"])
+                c["bandwidth_tb_s"].value = hw.mem_bandwidth_bytes_per_s / 1e12
+                c["memory_gb"].value = hw.memory_bytes / 1e9
+                c["peak_tflops"].value = hw.flops_per_s / 1e12
+            elif any(owner is c[name] for name, _ in DIM_FIELDS if name != "n_kv_heads"):
+                # K is a what-if on top of a preset (GQA); any other dimension makes a new model
+                if c["model"].value != CUSTOM and self._dims() != self._preset_dims():
+                    c["model"].value = CUSTOM
+            elif owner in (c["bandwidth_tb_s"], c["memory_gb"], c["peak_tflops"]):
+                if c["gpu"].value != CUSTOM:
+                    c["gpu"].value = CUSTOM
+        finally:
+            self._syncing = False
+        if not self._holding:
+            self.update()
+
+    def set(self, **values) -> dict:
+        """Set several controls (by their `controls` names) and redraw once, e.g.
+        ``ex.set(model="llama-2-13b", gpu="h100", batch=256, n_kv_heads=8)``. A model or GPU
+        preset is applied first, so the other values override its fields."""
+        unknown = set(values) - set(self.controls)
+        if unknown:
+            raise ValueError(f"unknown controls {sorted(unknown)}; choose from {sorted(self.controls)}")
+        order = sorted(values, key=lambda k: k not in ("model", "gpu"))
+        self._holding = True
+        try:
+            for name in order:
+                self.controls[name].value = values[name]
+        finally:
+            self._holding = False
+        return self.update()
+
+    def _dims(self) -> dict:
+        return {name: self.controls[name].value for name, _ in DIM_FIELDS if name != "n_kv_heads"}
+
+    def _preset_dims(self) -> dict:
+        cfg = rf.get_model(self.controls["model"].value)
+        return {name: getattr(cfg, name) for name, _ in DIM_FIELDS if name != "n_kv_heads"}
+
+    # ---- what the controls describe -------------------------------------------------------
+    def model_config(self) -> ModelConfig:
+        """The model the controls describe (raises ValueError on an impossible shape)."""
+        c = self.controls
+        base = rf.get_model(c["model"].value) if c["model"].value != CUSTOM else self._base
+        values = {name: c[name].value for name, _ in DIM_FIELDS}
+        for name, value in values.items():
+            if value is None or value < 1:
+                raise ValueError(f"{dict(DIM_FIELDS)[name]} must be a positive integer, got {value}")
+        n, k = values["n_heads"], values["n_kv_heads"]
+        if n % k:
+            divisors = [d for d in range(1, n + 1) if n % d == 0]
+            raise ValueError(f"K = {k} KV heads does not divide N = {n} query heads (each KV head "
+                             f"serves a whole group of query heads); try one of {divisors}")
+        return dataclasses.replace(base, **values)
+
+    def hardware(self) -> rf.Hardware:
+        c = self.controls
+        name = c["gpu"].value
+        if name != CUSTOM:
+            return rf.get_hardware(name)   # exact preset figures (no TB/s -> bytes/s rounding)
+        return rf.Hardware(name, flops_per_s=c["peak_tflops"].value * 1e12,
+                           mem_bandwidth_bytes_per_s=c["bandwidth_tb_s"].value * 1e12,
+                           memory_bytes=c["memory_gb"].value * 1e9)
+
+    # ---- recompute ------------------------------------------------------------------------
+    def update(self) -> dict:
+        c = self.controls
+        try:
+            cfg, hw = self.model_config(), self.hardware()
+            batch, seq_len, bpp = c["batch"].value, c["seq_len"].value, c["bytes_per_param"].value
+            row = rf.napkin(cfg, hw, batch, seq_len, bytes_per_param=bpp)
+            max_batch = rf.max_batch_that_fits(cfg, hw, seq_len, bytes_per_param=bpp)
+            curve = rf.latency_throughput_curve(cfg, hw, seq_len, plot_batches(max_batch, batch),
+                                                bytes_per_param=bpp)
+        except (ValueError, TypeError) as e:
+            self._show_error(str(e))
+            return self.state
+        row["model"] = c["model"].value
+        capacity = None
+        if max_batch >= 1:
+            at_cap = rf.napkin(cfg, hw, max_batch, seq_len, bytes_per_param=bpp)
+            capacity = {"batch": max_batch, "latency_ms": 1e3 * at_cap["latency_s"],
+                        "throughput_tok_s": at_cap["throughput_tok_s"],
+                        "memory_bytes": hw.memory_bytes}
+        plot = {"batch": curve["batch"], "latency_ms": curve["latency_ms"],
+                "throughput_tok_s": curve["throughput_tok_s"], "fits": curve["fits"],
+                "current": {"batch": batch, "latency_ms": 1e3 * row["latency_s"],
+                            "throughput_tok_s": row["throughput_tok_s"]},
+                "capacity": capacity, "max_throughput_tok_s": curve["max_throughput_tok_s"]}
+        self.state = {"error": None, "config": cfg, "hardware": hw, "row": row, "curve": curve,
+                      "max_batch": max_batch, "plot": plot}
+        self.readout.value = self._readout_html(row, hw, max_batch)
+        self.state["readout_text"] = self.readout.value
+        self._draw(plot, row, hw)
+        return self.state
+
+    def _show_error(self, message: str):
+        self.state = {"error": message, "row": None, "curve": None, "plot": None}
+        self.readout.value = (f'<div class="{ERROR_CLASS}" style="color:#b00020">'
+                              f"<b>Cannot compute this combination:</b> {html.escape(message)}"
+                              "</div>")
+        self.state["readout_text"] = self.readout.value
+        self.plot.outputs = ()
+
+    @staticmethod
+    def _readout_html(row: dict, hw: rf.Hardware, max_batch: int) -> str:
+        fits = ('<span style="color:#1b7f3b"><b>fits</b></span>' if row["fits"] else
+                '<span style="color:#b00020"><b>does NOT fit</b></span>')
+        cap = (f"largest batch that fits: <b>B = {max_batch}</b>" if max_batch >= 1 else
+               "the weights alone do not fit in HBM")
+        lines = [
+            f"weights: {row['params'] / 1e9:.2f} B params = {row['param_bytes'] / 1e9:.1f} GB",
+            f"KV cache: {row['batch']} &times; {row['kv_bytes_per_seq'] / 1e6:.1f} MB = "
+            f"{row['kv_bytes'] / 1e9:.1f} GB",
+            f"memory: <b>{row['memory_bytes'] / 1e9:.1f} GB</b> of {hw.memory_bytes / 1e9:.0f} GB"
+            f" &rarr; {fits}",
+            f"latency: <b>{row['latency_s'] * 1e3:.2f} ms</b> per token",
+            f"throughput: <b>{row['throughput_tok_s']:.1f} tok/s</b> "
+            f"(limit as B &rarr; &infin;: {row['max_throughput_tok_s']:.0f} tok/s)",
+            cap,
+            f"accelerator intensity: {row['accelerator_intensity']:.0f} FLOPs/byte",
+        ]
+        return "<div>" + "<br>".join(lines) + "</div>"
+
+    def _draw(self, plot: dict, row: dict, hw: rf.Hardware):
+        fig = Figure(figsize=(5.6, 3.8), dpi=80)
+        ax = fig.add_subplot()
+        lat, thr, fits = plot["latency_ms"], plot["throughput_tok_s"], plot["fits"]
+        ax.plot([x for x, f in zip(lat, fits) if f], [y for y, f in zip(thr, fits) if f],
+                "o-", color="C0", label="fits in HBM")
+        if not all(fits):
+            i0 = max(0, fits.index(False) - 1) if False in fits else 0
+            ax.plot(lat[i0:], thr[i0:], "o--", color="0.6", label="needs more HBM")
+        for b, x, y in zip(plot["batch"], lat, thr):
+            if b & (b - 1) == 0 and b >= 4:
+                ax.annotate(f"B={b}", (x, y), textcoords="offset points", xytext=(4, -10),
+                            fontsize=7, color="0.35")
+        ax.axhline(plot["max_throughput_tok_s"], color="0.5", lw=0.8, ls=":")
+        cap = plot["capacity"]
+        if cap is not None:
+            ax.axvline(cap["latency_ms"], color="C3", lw=1, ls="--",
+                       label=f"HBM full ({hw.memory_bytes / 1e9:.0f} GB): B = {cap['batch']}")
+        cur = plot["current"]
+        ax.plot([cur["latency_ms"]], [cur["throughput_tok_s"]], "*", ms=14, color="C1",
+                label=f"B = {cur['batch']}")
+        ax.set_xlabel("latency per token (ms)")
+        ax.set_ylabel("throughput (tokens/s)")
+        ax.set_ylim(0, 1.08 * plot["max_throughput_tok_s"])
+        ax.set_title(f"{row['model']} on {hw.name}, S = {row['seq_len']}, K = {row['kv_heads']}",
+                     fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.3)
+        fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.92)   # cheaper than tight_layout
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        png = buf.getvalue()
+        self.state["png"] = png
+        # Setting `outputs` directly works with or without a running kernel (tests, nbclient).
+        self.plot.outputs = ({"output_type": "display_data",
+                              "data": {"image/png": base64.b64encode(png).decode("ascii"),
+                                       "text/plain": f"<latency/throughput plot, B = {cur['batch']}>"},
+                              "metadata": {}},)
+
+
+def napkin_explorer(**kwargs) -> NapkinExplorer:
+    """Build the explorer; display it by leaving it as the last expression of a cell.
+    Keyword arguments set the starting values (model, gpu, batch, seq_len, kv_heads,
+    bytes_per_param)."""
+    return NapkinExplorer(**kwargs)

@@ -1,0 +1,82 @@
+"""nbgrader course configuration: the course root is the directory holding this file.
+
+    labs/NN_topic/NN_topic.ipynb    source notebooks (+ small assets); assignment id = NN_topic
+    build/release/NN_topic/         student versions            (nbgrader generate_assignment)
+    build/submitted/STUDENT/NN_topic/                           (python -m autograder grade DIR)
+    build/autograded/STUDENT/NN_topic/                          (nbgrader autograde)
+    build/feedback/STUDENT/NN_topic/NN_topic.html               (nbgrader generate_feedback)
+    build/gradebook.db                                          the gradebook
+
+Run nbgrader from this directory (or through `python -m autograder ...`, which does). Every path
+below is derived from this file's location, so a copy of this file next to a copy of labs/ (the
+tests' temporary course, selfgrade's) is a complete course of its own.
+"""
+import importlib.util
+import os
+import sys
+
+c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+BUILD = os.path.join(ROOT, "build")
+os.makedirs(BUILD, exist_ok=True)          # sqlite does not create the gradebook's directory
+
+c.CourseDirectory.root = ROOT
+c.CourseDirectory.course_id = "minillm"
+c.CourseDirectory.source_directory = "labs"
+c.CourseDirectory.release_directory = os.path.join("build", "release")
+c.CourseDirectory.submitted_directory = os.path.join("build", "submitted")
+c.CourseDirectory.autograded_directory = os.path.join("build", "autograded")
+c.CourseDirectory.feedback_directory = os.path.join("build", "feedback")
+c.CourseDirectory.solution_directory = os.path.join("build", "solution")
+c.CourseDirectory.source_with_tests_directory = os.path.join("build", "source_with_tests")
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(BUILD, "gradebook.db")
+
+# Everything else in a lab folder (small assets: json, csv, images, .py helpers) is released with
+# the notebook and copied next to each submission when it is graded. Not released: the
+# instructor-only description of a wrong submission used by tests/test_pipeline.py, and clutter.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback",
+                            "wrong_submission.json", ".DS_Store"]
+c.CourseDirectory.max_file_size = 10_000          # KB; labs hold small assets only
+
+# Execution limits while autograding (the notebooks run top to bottom in < 3 min on 2 CPU cores).
+# `python -m autograder grade` also kills the whole `nbgrader autograde` process after
+# notebook_timeout + a margin, and bounds the kernel's memory (see autograder/course.py).
+c.Execute.timeout = 180                           # seconds per cell
+c.Execute.startup_timeout = 120                   # kernel start on a loaded machine
+c.Execute.interrupt_on_timeout = True
+c.GuardedExecute.notebook_timeout = 900           # seconds per notebook
+c.LimitOutput.max_lines = 1000
+
+
+def _guarded_execute():
+    """autograder/execute.py, loaded by path: importing the `autograder` package would import
+    torch (3 s) into every nbgrader process for nothing."""
+    spec = importlib.util.find_spec("autograder")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "execute.py")
+    if "autograder_execute" not in sys.modules:
+        mspec = importlib.util.spec_from_file_location("autograder_execute", path)
+        module = importlib.util.module_from_spec(mspec)
+        sys.modules["autograder_execute"] = module
+        mspec.loader.exec_module(module)
+    return sys.modules["autograder_execute"].GuardedExecute
+
+
+try:
+    GuardedExecute = _guarded_execute()
+except Exception as e:                             # nbgrader without our package: plain Execute
+    print(f"nbgrader_config.py: autograder/execute.py not loaded ({e!r}); using nbgrader's "
+          f"Execute (no per-notebook timeout)", file=sys.stderr)
+    GuardedExecute = None
+
+if GuardedExecute is not None:
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,
+                                        LimitOutput, SaveAutoGrades)
+
+    # nbgrader 0.9.6's default list with Execute replaced by GuardedExecute.
+    c.Autograde.autograde_preprocessors = [GuardedExecute, IgnorePattern,
+                                           ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+                                           AssignLatePenalties, CheckCellMetadata]

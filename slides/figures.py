@@ -1,0 +1,551 @@
+"""Figures for the slide decks, computed by the same `minillm` code the labs use.
+
+A deck refers to a figure by name: `![caption](fig:roofline)` calls `roofline()` below. A figure
+function takes no arguments and returns either
+
+  * a matplotlib `Figure` (made with `new_figure`, never pyplot): embedded as a base64 PNG, or
+  * a string of HTML (a table, a tokenised prompt, sampled text): inserted as is.
+
+To add figures for a new lab, add a section `# --- lab NN ---` with functions decorated by
+`@figure`; the name of the function is the name used in the deck. Everything is computed on the
+CPU in a few seconds: no timing (figures must be reproducible), only counts and napkin math on the
+real model, its real logits and the real hardware presets.
+"""
+from __future__ import annotations
+
+import functools
+import html
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")                          # before anything imports pyplot
+from matplotlib.figure import Figure          # noqa: E402
+
+FIGURES: dict[str, Callable[[], "Figure | str"]] = {}
+
+# A palette that survives a projector and colour-blind viewers (Okabe-Ito).
+BLUE, ORANGE, GREEN, RED, PURPLE, GREY, SKY = ("#0072B2", "#E69F00", "#009E73", "#D55E00",
+                                               "#CC79A7", "#777777", "#56B4E9")
+
+
+def figure(fn: Callable[[], "Figure | str"]) -> Callable[[], "Figure | str"]:
+    """Register `fn` as the figure called `fn.__name__`."""
+    if fn.__name__ in FIGURES:
+        raise ValueError(f"figure {fn.__name__!r} is defined twice")
+    FIGURES[fn.__name__] = fn
+    return fn
+
+
+def new_figure(width: float = 10.0, height: float = 4.6, **subplots) -> tuple[Figure, object]:
+    """A Figure (object-oriented API: no global pyplot state) and its axes."""
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    axes = fig.subplots(**subplots) if subplots else fig.add_subplot()
+    return fig, axes
+
+
+def _style(ax, grid: bool = True):
+    ax.spines[["top", "right"]].set_visible(False)
+    if grid:
+        ax.grid(alpha=0.25)
+
+
+def _table(header: list[str], rows: list[list[str]], cls: str = "data") -> str:
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+# ============================================================================================
+# --- lab 00: sampling from a tiny LLM ---
+# ============================================================================================
+
+PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
+
+
+@functools.lru_cache(maxsize=1)
+def _model_and_tokenizer():
+    import torch
+
+    import minillm
+    torch.set_num_threads(1)
+    return minillm.load("target"), minillm.load_tokenizer("target")
+
+
+@functools.lru_cache(maxsize=1)
+def _next_logits():
+    """The shipped model's logits for the token after PROMPT (what lab 00 looks at)."""
+    import torch
+    model, tok = _model_and_tokenizer()
+    with torch.no_grad():
+        return model(torch.tensor([tok.encode(PROMPT)]))[0, -1].float()
+
+
+def _label(tok, i: int) -> str:
+    s = tok.decode([i])
+    return repr(s)[1:-1] if s.strip() else repr(s)
+
+
+@figure
+def tokens() -> str:
+    """The lab's prompt cut into tokens by the shipped byte-level BPE tokenizer."""
+    _, tok = _model_and_tokenizer()
+    ids = tok.encode(PROMPT)
+    chips = "".join(f'<span class="tok"><b>{html.escape(repr(s)[1:-1])}</b><i>{i}</i></span>'
+                    for i, s in zip(ids, tok.token_strings(ids)))
+    return (f'<div class="tokens">{chips}</div><p class="small">{len(PROMPT)} characters &rarr; '
+            f"{len(ids)} tokens, vocabulary of {tok.vocab_size}</p>")
+
+
+@figure
+def next_token() -> Figure:
+    """softmax of the real next-token logits: the 20 most probable tokens."""
+    import torch
+    _, tok = _model_and_tokenizer()
+    probs = torch.softmax(_next_logits(), -1)
+    top = torch.topk(probs, 20)
+    fig, ax = new_figure(10, 4.2)
+    ax.bar(range(20), top.values.numpy(), color=BLUE)
+    ax.set_xticks(range(20), [_label(tok, i) for i in top.indices.tolist()], rotation=60,
+                  fontsize=11, family="monospace")
+    ax.set_ylabel("p(next token)")
+    rest = 1 - float(top.values.sum())
+    ax.set_title(f"the 20 most probable next tokens after “…{PROMPT[-22:]}” "
+                 f"(the other {tok.vocab_size - 20} share p = {rest:.2f})")
+    _style(ax)
+    return fig
+
+
+def _filtered_panels(settings: list[tuple[str, dict]], n_show: int = 40) -> Figure:
+    """One panel per sampling setting: the exact distribution `minillm.sampling.probabilities`
+    gives for the real logits, over the n_show most probable tokens (sorted)."""
+    import torch
+
+    from minillm.sampling import probabilities
+    logits = _next_logits()
+    order = torch.argsort(logits, descending=True)[:n_show]
+    base = torch.softmax(logits, -1)[order].numpy()
+    fig, axes = new_figure(11, 4.0, nrows=1, ncols=len(settings), sharey=True)
+    ymax = 0.0
+    for ax, (title, kw) in zip(axes, settings):
+        p = probabilities(logits, **kw)[order].numpy()
+        kept = int((probabilities(logits, **kw) > 0).sum())
+        ymax = max(ymax, float(p.max()))
+        ax.bar(range(n_show), base, color="#dddddd", label="plain softmax")
+        ax.bar(range(n_show), p, color=[BLUE if v > 0 else GREY for v in p], width=0.8,
+               label="after the filter")
+        ax.set_title(f"{title}\n{kept} of {len(logits)} tokens can be drawn")
+        ax.set_xlabel(f"the {n_show} most probable tokens (rank)")
+        _style(ax)
+    axes[0].set_ylabel("probability")
+    axes[0].set_ylim(0, ymax * 1.1)
+    axes[0].legend(loc="upper right")
+    return fig
+
+
+@figure
+def temperature() -> Figure:
+    """Temperature reshapes the real distribution: tau < 1 sharpens, tau > 1 flattens."""
+    return _filtered_panels([("temperature τ = 0.5", {"temperature": 0.5}),
+                             ("τ = 1 (the model as trained)", {"temperature": 1.0}),
+                             ("τ = 2", {"temperature": 2.0})])
+
+
+@figure
+def top_k_top_p() -> Figure:
+    """Top-k cuts a fixed number of tokens, top-p a fixed amount of probability."""
+    return _filtered_panels([("top-k, k = 10", {"top_k": 10}),
+                             ("top-p, p = 0.5", {"top_p": 0.5}),
+                             ("τ = 0.8, then top-p = 0.9", {"temperature": 0.8, "top_p": 0.9})])
+
+
+@figure
+def samples() -> str:
+    """What the shipped model writes with three sampling settings (naive loop, seeded)."""
+    import torch
+
+    from minillm.generate import generate_naive
+    from minillm.sampling import SamplingParams
+    model, tok = _model_and_tokenizer()
+    prompt = "ROMEO:\n"
+    rows = []
+    for label, kw in [("greedy (τ = 0)", {"temperature": 0.0}),
+                      ("τ = 0.8, top-p = 0.9", {"temperature": 0.8, "top_p": 0.9}),
+                      ("τ = 1.5", {"temperature": 1.5})]:
+        params = SamplingParams(max_new_tokens=24, seed=0, stop_ids=(tok.eos_id,)
+                                if tok.eos_id is not None else (), **kw)
+        with torch.no_grad():
+            new = generate_naive(model, tok.encode(prompt), params)[0]
+        lines = (prompt + tok.decode(new)).splitlines()
+        text = html.escape("\n".join(lines[:8] + (["…"] if len(lines) > 8 else [])))
+        rows.append(f'<div class="sample"><h4>{label}</h4><pre>{text}</pre></div>')
+    return '<div class="samples">' + "".join(rows) + "</div>"
+
+
+@figure
+def timeline() -> Figure:
+    """TTFT, per-token latency and total time of one request, drawn to scale from the napkin
+    latency of one Llama-2-13B decode step on an H100 (prefill taken as compute-bound)."""
+    from minillm import roofline as rf
+    hw = rf.get_hardware("h100")
+    S, n = 1000, 8
+    params = rf.lecture_num_params("llama-2-13b")
+    step = rf.napkin("llama-2-13b", hw, batch=1, seq_len=S)["latency_s"] * 1e3
+    prefill = max(2 * params * S / hw.flops_per_s * 1e3, step)   # 2*params FLOPs per token
+    fig, ax = new_figure(10, 2.6)
+    ax.barh(0, prefill, color=ORANGE, edgecolor="white")
+    ax.text(prefill / 2, 0, f"prefill\n{S} prompt tokens", ha="center", va="center", fontsize=11)
+    for i in range(n):
+        ax.barh(0, step, left=prefill + i * step, color=BLUE, edgecolor="white")
+        ax.text(prefill + (i + 0.5) * step, 0, f"t{i + 1}", ha="center", va="center",
+                color="white", fontsize=11)
+    y = 0.55
+    ax.annotate("", (0, y), (prefill + step, y), arrowprops={"arrowstyle": "<->"})
+    ax.text((prefill + step) / 2, y + 0.08, f"TTFT ≈ {prefill + step:.0f} ms", ha="center")
+    ax.annotate("", (prefill + 3 * step, -y), (prefill + 4 * step, -y),
+                arrowprops={"arrowstyle": "<->"})
+    ax.text(prefill + 3.5 * step, -y - 0.25, f"latency ≈ {step:.1f} ms / token", ha="center")
+    ax.set_ylim(-1, 1)
+    ax.set_yticks([])
+    ax.set_xlabel("time (ms) — Llama-2-13B, one request, H100, napkin math")
+    ax.spines[["top", "right", "left"]].set_visible(False)
+    return fig
+
+
+def generate_naive_steps(model, prompt: list[int], n: int):
+    """minillm.generate.stream_naive, greedy: one yield per naive step."""
+    from minillm.generate import stream_naive
+    from minillm.sampling import SamplingParams
+    yield from stream_naive(model, prompt, SamplingParams(temperature=0, max_new_tokens=n))
+
+
+@figure
+def naive_cost() -> Figure:
+    """Token positions the naive loop pushes through the model, counted on the real model
+    (autograder.WorkCounter around minillm.generate.stream_naive), against the closed form
+    and against a loop that would recompute nothing; and the FLOPs of the naive loop."""
+    import numpy as np
+    import torch
+
+    from autograder import WorkCounter
+    model, _ = _model_and_tokenizer()
+    cfg = model.config
+    P, N = 8, 40
+    per_step = []                 # tokens of each forward call, counted by the lab's WorkCounter
+    with WorkCounter(model) as wc, torch.no_grad():
+        for _ in generate_naive_steps(model, list(range(1, P + 1)), N):
+            per_step.append(wc.tokens - sum(per_step))
+    ns = [1, 2, 4, 8, 16, 24, 32, 40]
+    counted = [sum(per_step[:n]) for n in ns]
+    n_line = np.arange(1, N + 1)
+    closed = n_line * P + n_line * (n_line - 1) / 2
+    fig, (a1, a2) = new_figure(11, 4.2, nrows=1, ncols=2)
+    a1.plot(n_line, closed, "-", color=BLUE, label="naive: Σ (P + t) = nP + n(n−1)/2")
+    a1.plot(ns, counted, "o", color=BLUE, label="counted on the model (WorkCounter)")
+    a1.plot(n_line, P + n_line - 1, "--", color=GREEN, label="recompute nothing: P + n − 1")
+    a1.set_xlabel(f"new tokens n (prompt P = {P})")
+    a1.set_ylabel("token positions through the model")
+    a1.set_title("work of the naive loop grows like n²")
+    a1.legend()
+    _style(a1)
+
+    # FLOPs of naive step t (1-token prompt, so it runs T = t + 1 tokens): per token and layer the
+    # weights cost 2(4D² + 3DF) (Q, K, V, O and the SwiGLU MLP), and query i attends to i + 1
+    # keys at 4·D FLOPs each (scores and weighted sum).
+    D, F, L = cfg.dim, cfg.hidden_dim, cfg.n_layers
+    n_big = np.unique(np.logspace(0, 5, 60).astype(int))
+    t = np.arange(n_big.max())
+    T = 1 + t
+    weights = np.cumsum(L * 2 * (4 * D * D + 3 * D * F) * T)
+    attention = np.cumsum(L * 4 * D * T * (T + 1) / 2)        # query i attends to i + 1 keys
+    a2.loglog(n_big, weights[n_big - 1] + attention[n_big - 1], color=BLUE, label="total")
+    a2.loglog(n_big, weights[n_big - 1], "--", color=ORANGE, label="weights part ∝ n²")
+    a2.loglog(n_big, attention[n_big - 1], ":", color=RED, label="attention part ∝ n³")
+    a2.axvline(cfg.max_seq_len, color=GREY, lw=1)
+    a2.text(cfg.max_seq_len * 1.1, weights[1], f"context of the\nshipped model\n"
+            f"({cfg.max_seq_len})", fontsize=10, color=GREY)
+    a2.set_xlabel("new tokens n (from a 1-token prompt)")
+    a2.set_ylabel("FLOPs of the whole naive generation")
+    a2.set_title(f"FLOPs, this model's shape (D={D}, F={F}, L={L})")
+    a2.legend()
+    _style(a2)
+    return fig
+
+
+# ============================================================================================
+# --- lab 01: arithmetic intensity and the roofline ---
+# ============================================================================================
+
+
+@figure
+def hardware_table() -> str:
+    from minillm import roofline as rf
+    rows = []
+    for name in ("a100", "h100", "h200"):
+        hw = rf.get_hardware(name)
+        rows.append([name.upper(), f"{hw.flops_per_s / 1e12:.0f} TFLOP/s",
+                     f"{hw.mem_bandwidth_bytes_per_s / 1e12:.2f} TB/s",
+                     f"{hw.memory_bytes / 1e9:.0f} GB",
+                     f"<b>{rf.accelerator_intensity(hw):.0f}</b> FLOPs/byte"])
+    return _table(["GPU", "bf16 peak", "HBM bandwidth", "HBM", "accelerator intensity"], rows)
+
+
+def _derivation(lines: list[str]) -> str:
+    """Display-math lines (mathtext) as HTML: a figure that scales with the slide's text."""
+    from slides.build import math_html
+    lines = [x.replace(r"\frac{", r"\dfrac{") for x in lines]    # display-size fractions
+    return '<div class="derivation">' + "".join(math_html(x) for x in lines) + "</div>"
+
+
+@figure
+def matmul_derivation() -> str:
+    """The matmul's counts and intensity, as SymPy derives them in minillm.roofline."""
+    import sympy
+
+    from minillm import roofline as rf
+    flops, nbytes = rf.matmul_flops_and_bytes()
+    return _derivation([
+        rf"\mathrm{{FLOPs}} = {sympy.latex(flops)}",
+        rf"\mathrm{{bytes}} = {sympy.latex(sympy.factor(nbytes))}",
+        rf"\mathrm{{intensity}} = {sympy.latex(rf.matmul_intensity())}",
+        r"D = F = cB,\ c \to \infty:\quad \mathrm{intensity} \to "
+        + sympy.latex(rf.matmul_intensity_limit()),
+    ])
+
+
+@figure
+def matmul_intensity() -> Figure:
+    """Exact matmul intensity at D = F = 5120 (Llama-2-13B) against its limit B."""
+    import numpy as np
+    import sympy
+
+    from minillm import roofline as rf
+    f = sympy.lambdify(rf.B, rf.matmul_intensity().subs({rf.D: 5120, rf.F: 5120}), "numpy")
+    b = np.logspace(0, 4, 200)
+    fig, ax = new_figure(6.5, 4.6)
+    ax.loglog(b, f(b), color=BLUE, label="exact, D = F = 5120")
+    ax.loglog(b, b, "--", color=GREY, label="limit: B")
+    for name, color in (("h100", RED), ("a100", ORANGE)):
+        ridge = rf.accelerator_intensity(name)
+        ax.axhline(ridge, color=color, lw=1)
+        ax.text(1.2, ridge * 1.12, f"{name.upper()} ridge ≈ {ridge:.0f}", color=color,
+                fontsize=11)
+    ax.set_xlabel("batch B (rows of X)")
+    ax.set_ylabel("FLOPs per byte")
+    ax.legend(loc="lower right")
+    _style(ax)
+    return fig
+
+
+@figure
+def mlp_intensity() -> Figure:
+    """The SwiGLU MLP's exact intensity (minillm.roofline.mlp_intensity) at Llama-2-13B's D and
+    F, as a function of the tokens sharing one weight read, B·T."""
+    import numpy as np
+    import sympy
+
+    from minillm import roofline as rf
+    cfg = rf.get_model("llama-2-13b")
+    f = sympy.lambdify((rf.B, rf.T), rf.mlp_intensity().subs({rf.D: cfg.dim,
+                                                              rf.F: cfg.hidden_dim}), "numpy")
+    bt = np.logspace(0, 4.5, 200)
+    fig, ax = new_figure(6.5, 4.6)
+    ax.loglog(bt, f(bt, 1.0), color=BLUE, lw=2, label=f"exact, D = {cfg.dim}, F = {cfg.hidden_dim}")
+    ax.loglog(bt, bt, "--", color=GREY, label="limit: B·T")
+    ridge = rf.accelerator_intensity("h100")
+    ax.axhline(ridge, color=RED, lw=1)
+    ax.text(1.2, ridge * 1.15, f"H100 ridge ≈ {ridge:.0f}", color=RED, fontsize=11)
+    for label, x, offset in (("decode, B = 1", 1, (10, 4)), ("decode, B = 64", 64, (10, -16)),
+                             ("prefill, S = 1000", 1000, (12, -18))):
+        y = float(f(x, 1.0))
+        ax.plot([x], [y], "s", color=ORANGE, ms=7, zorder=5)
+        ax.annotate(label, (x, y), xytext=offset, textcoords="offset points", fontsize=10.5,
+                    color=ORANGE)
+    ax.set_xlabel("tokens per weight read, B·T")
+    ax.set_ylabel("FLOPs per byte")
+    ax.legend(loc="lower right")
+    _style(ax)
+    return fig
+
+
+@figure
+def roofline() -> Figure:
+    """Attainable FLOP/s = min(peak, bandwidth × intensity) for the H100 and the A100, with the
+    ridge points and where the pieces of a Llama-2-13B step land (S = 1000)."""
+    import numpy as np
+
+    from minillm import roofline as rf
+    x = np.logspace(-1, 4, 400)
+    fig, ax = new_figure(10, 4.8)
+    for name, color in (("h100", RED), ("a100", ORANGE)):
+        hw = rf.get_hardware(name)
+        y = [rf.roofline_flops_per_s(i, hw.flops_per_s, hw.mem_bandwidth_bytes_per_s) / 1e12
+             for i in x]
+        ridge = rf.accelerator_intensity(hw)
+        ax.loglog(x, y, color=color, lw=2.5, label=f"{name.upper()}: {hw.flops_per_s / 1e12:.0f}"
+                  f" TFLOP/s, {hw.mem_bandwidth_bytes_per_s / 1e12:.2f} TB/s")
+        ax.plot([ridge], [hw.flops_per_s / 1e12], "o", color=color, ms=8)
+        ax.annotate(f"ridge {ridge:.0f}", (ridge, hw.flops_per_s / 1e12), xytext=(8, -18),
+                    textcoords="offset points", color=color)
+    h100 = rf.get_hardware("h100")
+    S = 1000
+    points = [  # (label, intensity, label offset in points)
+        ("decode: matmul at B = 1,\nattention at any B", 1.0, (10, -34)),
+        ("decode MLP, B = 64", 64.0, (-150, 8)),
+        ("prefill attention S/2", float(rf.prefill_attention_intensity().subs(rf.S, S)),
+         (-150, 10)),
+        ("prefill MLP, B·T = 1000", 1000.0, (6, 10)),
+    ]
+    for label, inten, offset in points:
+        yv = rf.roofline_flops_per_s(inten, h100.flops_per_s, h100.mem_bandwidth_bytes_per_s)
+        ax.plot([inten], [yv / 1e12], "s", color=BLUE, ms=7, zorder=5)
+        ax.annotate(label, (inten, yv / 1e12), xytext=offset, textcoords="offset points",
+                    fontsize=10.5, color=BLUE)
+    ax.axvspan(x[0], rf.accelerator_intensity(h100), color=SKY, alpha=0.08)
+    ax.text(0.12, 600, "memory-bound\n(on an H100)", color=GREY)
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    ax.set_ylabel("attainable TFLOP/s")
+    ax.set_ylim(0.1, 3000)
+    ax.legend(loc="lower right")
+    _style(ax)
+    return fig
+
+
+@figure
+def attention_intensity() -> Figure:
+    """S·T/(S+T) from minillm.roofline for prefill (T = S) and decode (T = 1), any batch."""
+    import numpy as np
+    import sympy
+
+    from minillm import roofline as rf
+    pre = sympy.lambdify(rf.S, rf.prefill_attention_intensity(), "numpy")
+    dec = sympy.lambdify(rf.S, rf.decode_attention_intensity(), "numpy")
+    s = np.logspace(0, 5, 200)
+    fig, ax = new_figure(8.5, 4.0)
+    ax.loglog(s, pre(s), color=ORANGE, lw=2, label="prefill, T = S: S/2")
+    ax.loglog(s, dec(s) * np.ones_like(s), color=BLUE, lw=2, label="decode, T = 1: S/(S+1) < 1")
+    ridge = rf.accelerator_intensity("h100")
+    ax.axhline(ridge, color=RED, lw=1)
+    ax.text(1.3, ridge * 1.15, f"H100 ridge ≈ {ridge:.0f}", color=RED, fontsize=11)
+    ax.set_xlabel("context length S (keys in the KV cache)")
+    ax.set_ylabel("FLOPs per byte")
+    ax.set_title("attention intensity has no B in it: batching cannot help")
+    ax.legend(loc="upper left")
+    _style(ax)
+    return fig
+
+
+@figure
+def napkin_table() -> str:
+    """The lecture's table: Llama-2-13B on an H100 at S = 1000, from minillm.roofline.napkin."""
+    from minillm import roofline as rf
+    rows = []
+    for kv in (None, 8):
+        for b in (1, 64, 256):
+            r = rf.napkin("llama-2-13b", "h100", batch=b, seq_len=1000, kv_heads=kv)
+            fits = "yes" if r["fits"] else '<span class="bad">no</span>'
+            rows.append([f"{r['kv_heads']}", f"{b}", f"{r['memory_bytes'] / 1e9:.1f} GB", fits,
+                         f"{r['latency_s'] * 1e3:.1f} ms", f"{r['throughput_tok_s']:,.0f}"])
+    return _table(["K (KV heads)", "batch B", "memory", "fits in 80 GB?", "latency / token",
+                   "throughput (tok/s)"], rows)
+
+
+@figure
+def kv_memory() -> Figure:
+    """Weights + B × KV cache for Llama-2-13B at S = 1000 on an H100, K = 40 (MHA) vs K = 8."""
+    import numpy as np
+
+    from minillm import roofline as rf
+    hw = rf.get_hardware("h100")
+    batches = np.array([1, 8, 16, 32, 64, 96, 128, 192, 256])
+    fig, axes = new_figure(11, 4.2, nrows=1, ncols=2, sharey=True)
+    for ax, kv in zip(axes, (None, 8)):
+        rows = [rf.napkin("llama-2-13b", hw, batch=int(b), seq_len=1000, kv_heads=kv)
+                for b in batches]
+        w = np.array([r["param_bytes"] for r in rows]) / 1e9
+        k = np.array([r["kv_bytes"] for r in rows]) / 1e9
+        pos = np.arange(len(batches))
+        ax.bar(pos, w, color=GREY, label="weights (bf16)")
+        ax.bar(pos, k, bottom=w, color=BLUE, label="KV cache = B · S·K·H·L·2·2")
+        ax.axhline(hw.memory_bytes / 1e9, color=RED, lw=1.5)
+        ax.text(-0.4, hw.memory_bytes / 1e9 + 4, "H100: 80 GB", color=RED, fontsize=11)
+        mb = rf.max_batch_that_fits("llama-2-13b", hw, 1000, kv_heads=kv)
+        ax.set_xticks(pos, [str(b) for b in batches])
+        ax.set_xlabel("batch B")
+        ax.set_title(f"K = {rows[0]['kv_heads']}: {rows[0]['kv_bytes_per_seq'] / 1e6:.0f} MB "
+                     f"per sequence, B ≤ {mb} fits")
+        _style(ax)
+    axes[0].set_ylabel("GB")
+    axes[0].legend(loc="upper left")
+    return fig
+
+
+@figure
+def latency_throughput() -> Figure:
+    """The latency/throughput trade-off of Llama-2-13B on an H100 (S = 1000), where the memory
+    runs out, and what GQA (K = 8) does to it: minillm.roofline.latency_throughput_curve."""
+    from minillm import roofline as rf
+    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    fig, ax = new_figure(10, 5.0)
+    for kv, color, name in ((None, BLUE, "MHA, K = 40"), (8, GREEN, "GQA, K = 8")):
+        c = rf.latency_throughput_curve("llama-2-13b", "h100", 1000, batches, kv_heads=kv)
+        lat, thr, fits = c["latency_ms"], c["throughput_tok_s"], c["fits"]
+        ax.plot([x for x, f in zip(lat, fits) if f], [y for y, f in zip(thr, fits) if f], "o-",
+                color=color, label=f"{name}: fits in 80 GB")
+        last = max(i for i, f in enumerate(fits) if f) if any(fits) else 0
+        ax.plot(lat[last:], thr[last:], "o--", color=color, alpha=0.35,
+                label=f"{name}: needs more than 80 GB")
+        ax.axhline(c["max_throughput_tok_s"], color=color, lw=0.8, ls=":")
+        cap = rf.napkin("llama-2-13b", "h100", c["max_batch"], 1000, kv_heads=kv)
+        ax.plot([cap["latency_s"] * 1e3], [cap["throughput_tok_s"]], "*", ms=16, color=RED,
+                zorder=5)
+        ax.annotate(f"memory full: B = {c['max_batch']}", (cap["latency_s"] * 1e3,
+                    cap["throughput_tok_s"]), xytext=(8, -14), textcoords="offset points",
+                    color=RED, fontsize=11)
+        for b, x, y in zip(c["batch"], lat, thr):
+            if b in (16, 64, 256) or (b == 1 and kv is None):
+                ax.annotate(f"B={b}", (x, y), xytext=(-6, 8), textcoords="offset points",
+                            fontsize=10, color=color)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency per token (ms, log scale)")
+    ax.set_ylabel("throughput (tokens / s)")
+    ax.set_title("Llama-2-13B, H100, S = 1000 (dotted: the limit as B → ∞)")
+    ax.legend(loc="upper left")
+    _style(ax)
+    return fig
+
+
+@figure
+def decode_formulas() -> str:
+    """The napkin model of one decode step, as SymPy writes minillm.roofline's formulas."""
+    import sympy
+
+    from minillm import roofline as rf
+    d = rf.decode_step_symbolic()
+    return _derivation([
+        rf"\mathrm{{KV\ per\ sequence}} = {sympy.latex(d['kv_cache_size'])}\ \mathrm{{bytes}}",
+        rf"\mathrm{{memory}} = {sympy.latex(d['memory'])}",
+        r"\mathrm{latency} = \frac{\mathrm{memory}}{\mathrm{bandwidth}},\qquad"
+        r"\mathrm{throughput} = \frac{B}{\mathrm{latency}}",
+        rf"\mathrm{{throughput}} \to {sympy.latex(d['throughput_limit'])}"
+        r"\quad \mathrm{as}\ B \to \infty",
+    ])
+
+
+# Larger type than matplotlib's default: a slide is read from the back of a room.
+STYLE = {"font.size": 12, "axes.titlesize": 12, "axes.labelsize": 12, "xtick.labelsize": 11,
+         "ytick.labelsize": 11, "legend.fontsize": 10, "svg.hashsalt": "minillm"}
+
+
+def render(name: str) -> "Figure | str":
+    """Call the figure function `name` (KeyError with the known names if there is none)."""
+    if name not in FIGURES:
+        raise KeyError(f"no figure {name!r} in slides/figures.py; known: {sorted(FIGURES)}")
+    with matplotlib.rc_context(STYLE):
+        out = FIGURES[name]()
+    if not isinstance(out, (Figure, str)):
+        raise TypeError(f"figure {name!r} returned {type(out).__name__}, not a Figure or HTML")
+    return out
+
+
+__all__ = ["FIGURES", "figure", "new_figure", "render"]

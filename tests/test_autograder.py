@@ -1,0 +1,241 @@
+"""The test-cell helpers of `autograder`: messages, guards, counters and interleaved timing."""
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import autograder
+import minillm.bench
+import minillm.sampling
+from autograder import (RatioResult, WorkCounter, assert_close, check_ratio, reference_disabled,
+                        time_ratio)
+from minillm.config import ModelConfig
+from minillm.model import Transformer
+
+
+def error_of(fn) -> str:
+    with pytest.raises(AssertionError) as info:
+        fn()
+    return str(info.value)
+
+
+# --- assert_close -----------------------------------------------------------------------------
+def test_assert_close_passes_within_tolerance_on_every_input_kind():
+    assert_close(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-7]))
+    assert_close(np.array([[1.0, 2.0]]), [[1.0, 2.0]])
+    assert_close(3.0, 3.0 + 1e-9)
+    assert_close([1, 2, 3], torch.tensor([1, 2, 3]))
+    assert_close(torch.tensor([float("-inf"), 0.5, float("nan")]),
+                 torch.tensor([float("-inf"), 0.5, float("nan")]))
+    assert_close(torch.tensor([1.0, 2.0]), torch.tensor([1.1, 2.2]), atol=0.25)
+
+
+def test_assert_close_says_where_and_by_how_much():
+    actual = torch.zeros(3, 4)
+    expected = torch.zeros(3, 4)
+    actual[1, 2] = 0.5
+    actual[2, 3] = 1e-3
+    msg = error_of(lambda: assert_close(actual, expected, name="probs"))
+    assert msg.startswith("probs:")
+    assert "2 of 12 elements differ" in msg
+    assert "max abs diff 0.5 at index (1, 2): actual 0.5 vs expected 0" in msg
+    assert "max rel diff inf" in msg
+
+
+def test_assert_close_reports_the_largest_relative_difference_separately():
+    msg = error_of(lambda: assert_close(torch.tensor([1.0, 100.0]), torch.tensor([1.1, 101.0])))
+    assert "max abs diff 1 at index 1: actual 100 vs expected 101" in msg
+    assert "max rel diff 0.0909091 at index 0: actual 1 vs expected 1.1" in msg
+
+
+def test_assert_close_reports_shape_dtype_none_and_infinities():
+    assert "shape mismatch: actual (2, 3) vs expected (3, 2)" in \
+        error_of(lambda: assert_close(torch.zeros(2, 3), torch.zeros(3, 2)))
+    assert "dtype mismatch: actual torch.float32 vs expected torch.float64" in \
+        error_of(lambda: assert_close(torch.zeros(2), torch.zeros(2, dtype=torch.float64)))
+    assert "dtype mismatch" in error_of(
+        lambda: assert_close(np.zeros(2, np.float32), np.zeros(2, np.float64)))
+    assert "got None" in error_of(lambda: assert_close(None, torch.zeros(2)))
+    msg = error_of(lambda: assert_close(torch.tensor([float("-inf"), 1.0]), torch.tensor([0.0, 1.0])))
+    assert "1 of 2 elements differ" in msg and "actual -inf vs expected 0" in msg
+    assert "actual nan vs expected 2" in error_of(lambda: assert_close(float("nan"), 2.0))
+
+
+# --- reference_disabled -----------------------------------------------------------------------
+def test_reference_disabled_blocks_attribute_alias_and_internal_callers():
+    import __main__
+    original = minillm.sampling.top_p_filter
+    __main__.my_alias_of_top_p = original          # as `from minillm.sampling import ...` would
+    logits = torch.randn(2, 10)
+    try:
+        with reference_disabled("minillm.sampling.top_p_filter"):
+            for call in (lambda: minillm.sampling.top_p_filter(logits, 0.5),
+                         lambda: __main__.my_alias_of_top_p(logits, 0.5),
+                         lambda: minillm.sampling.filter_logits(logits, 1.0, 0, 0.5),
+                         lambda: minillm.sampling.sample(logits, 1.0, top_p=0.5)):
+                msg = error_of(call)
+                assert msg.startswith("minillm.sampling.top_p_filter is disabled during grading")
+                assert "implement it yourself" in msg
+            # other functions of the module still work
+            minillm.sampling.top_k_filter(logits, 3)
+        assert minillm.sampling.top_p_filter is original
+        assert __main__.my_alias_of_top_p is original
+        minillm.sampling.filter_logits(logits, 1.0, 0, 0.5)
+    finally:
+        del __main__.my_alias_of_top_p
+
+
+def test_reference_disabled_guards_aliases_in_sibling_modules():
+    import minillm.generate
+    original = minillm.sampling.sample
+    assert minillm.generate.sample is original
+    with reference_disabled("minillm.sampling.sample"):
+        assert "disabled during grading" in error_of(lambda: minillm.generate.sample(
+            torch.zeros(3), 0))
+    assert minillm.generate.sample is original
+
+
+def test_reference_disabled_restores_on_exception_and_takes_several_names():
+    import __main__
+    top_p, top_k = minillm.sampling.top_p_filter, minillm.sampling.top_k_filter
+    __main__.tk_alias = top_k
+    try:
+        with pytest.raises(ZeroDivisionError):
+            with reference_disabled("minillm.sampling.top_p_filter",
+                                    "minillm.sampling.top_k_filter"):
+                assert minillm.sampling.top_k_filter is not top_k
+                assert __main__.tk_alias is not top_k
+                1 / 0
+        assert minillm.sampling.top_p_filter is top_p
+        assert minillm.sampling.top_k_filter is top_k
+        assert __main__.tk_alias is top_k
+    finally:
+        del __main__.tk_alias
+
+
+def test_reference_disabled_rejects_unknown_names():
+    with pytest.raises(ValueError):
+        with reference_disabled("minillm.sampling.no_such_function"):
+            pass
+    with pytest.raises(ValueError):
+        with reference_disabled("nosuchpackage_xyz.f"):
+            pass
+
+
+# --- WorkCounter ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(vocab_size=50, dim=16, n_layers=1, n_heads=2, hidden_dim=32,
+                                   max_seq_len=32)).eval()
+
+
+def test_work_counter_counts_calls_and_tokens(tiny_model):
+    with torch.no_grad(), WorkCounter(tiny_model) as work:
+        tiny_model(torch.zeros(2, 5, dtype=torch.long))              # 10 tokens
+        tiny_model(torch.zeros(1, 3, dtype=torch.long), last_only=True)
+        tiny_model(ids=torch.zeros(1, 4, dtype=torch.long))           # keyword argument
+    assert (work.calls, work.tokens) == (3, 17)
+    with torch.no_grad():
+        tiny_model(torch.zeros(1, 3, dtype=torch.long))              # after exit: not counted
+    assert (work.calls, work.tokens) == (3, 17)
+    assert not tiny_model._forward_pre_hooks
+
+
+def test_work_counter_counts_a_naive_generation_loop(tiny_model):
+    from minillm.generate import generate_naive
+    from minillm.sampling import SamplingParams
+    P, n = 4, 5
+    with WorkCounter(tiny_model) as work:
+        generate_naive(tiny_model, list(range(1, P + 1)),
+                       SamplingParams(temperature=0, max_new_tokens=n))
+    assert work.calls == n
+    assert work.tokens == sum(P + t for t in range(n))
+
+
+def test_work_counter_removes_its_hook_on_error(tiny_model):
+    with pytest.raises(RuntimeError):
+        with WorkCounter(tiny_model):
+            raise RuntimeError("boom")
+    assert not tiny_model._forward_pre_hooks
+
+
+# --- timing -----------------------------------------------------------------------------------
+def test_time_ratio_interleaves_after_warmup():
+    calls = []
+    r = time_ratio(lambda: calls.append("b"), lambda: calls.append("c"), warmup=2, repeats=5)
+    assert calls == ["b", "c"] * 7
+    assert isinstance(r, RatioResult)
+    assert len(r.baseline_times) == len(r.candidate_times) == 5
+
+
+def test_time_ratio_calls_sync_after_each_run():
+    calls = []
+    time_ratio(lambda: calls.append("b"), lambda: calls.append("c"), warmup=1, repeats=2,
+               sync=lambda: calls.append("sync"))
+    assert calls == ["b", "sync", "c", "sync"] * 3
+
+
+def test_time_interleaved_keeps_dict_order():
+    calls = []
+    times = minillm.bench.time_interleaved({k: (lambda k=k: calls.append(k)) for k in "xyz"},
+                                           warmup=1, repeats=3)
+    assert calls == list("xyz") * 4
+    assert set(times) == set("xyz") and all(len(v) == 3 for v in times.values())
+
+
+def test_two_times_slower_gives_ratio_two():
+    r = time_ratio(lambda: time.sleep(0.02), lambda: time.sleep(0.01), warmup=1, repeats=5)
+    assert 1.5 < r.ratio < 2.5, r
+    assert r.ratio == pytest.approx(r.baseline_s / r.candidate_s)
+    assert 0.019 < r.baseline_s < 0.03 and 0.009 < r.candidate_s < 0.02
+
+
+def test_check_ratio_passes_and_fails_with_the_figures():
+    r = check_ratio(lambda: time.sleep(0.01), lambda: None, at_least=2, what="noop vs sleep",
+                    warmup=0, repeats=3)
+    assert r.ratio > 2
+    msg = error_of(lambda: check_ratio(lambda: None, lambda: time.sleep(0.01), at_least=2,
+                                       what="sleep vs noop", warmup=0, repeats=3))
+    assert msg.startswith("sleep vs noop: expected the candidate to be at least 2x faster")
+    assert "measured 0.0" in msg and "ms" in msg and "3 interleaved runs" in msg
+
+
+def test_patching_the_clock_after_import_does_not_change_measurements(monkeypatch):
+    fake = iter(range(10 ** 6)).__next__                     # a clock where every call is 1 s
+    monkeypatch.setattr(time, "perf_counter", fake)
+    monkeypatch.setattr(minillm.bench, "perf_counter", fake)
+    import statistics
+    monkeypatch.setattr(statistics, "median", lambda xs: 1.0)
+    r = time_ratio(lambda: time.sleep(0.02), lambda: time.sleep(0.01), warmup=0, repeats=3)
+    assert 1.5 < r.ratio < 2.5 and r.baseline_s < 0.1
+    times = minillm.bench.time_interleaved({"a": lambda: None}, warmup=0, repeats=2)
+    assert all(t < 0.1 for t in times["a"])
+
+
+def test_helpers_are_captured_before_student_code_runs():
+    # A fresh interpreter in which "student code" patches the clock *after* importing
+    # autograder (as the grader's kernel does before the first cell) cannot fool time_ratio.
+    code = (
+        "import autograder, time, itertools\n"
+        "c = itertools.count(0, 1000)\n"
+        "time.perf_counter = lambda: next(c)\n"
+        "import minillm.bench; minillm.bench.perf_counter = time.perf_counter\n"
+        "r = autograder.time_ratio(lambda: time.sleep(0.02), lambda: time.sleep(0.01),\n"
+        "                          warmup=0, repeats=3)\n"
+        "assert 1.5 < r.ratio < 2.5 and r.baseline_s < 0.1, r\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_public_api():
+    for name in ("assert_close", "reference_disabled", "WorkCounter", "time_ratio",
+                 "check_ratio", "RatioResult"):
+        assert name in autograder.__all__ and hasattr(autograder, name)
+    assert minillm.bench.median([3, 1, 2]) == 2
+    assert minillm.bench.ratio([2, 2, 2], [1, 1, 1]) == 2

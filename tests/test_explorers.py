@@ -1,0 +1,250 @@
+"""The napkin explorer (minillm/explorers.py) and the measured-roofline helpers of roofline.py.
+
+The explorer must show exactly what `minillm.roofline.napkin` says for the model, GPU and
+workload its controls describe, redraw when a control moves, and turn impossible shapes into a
+message instead of an exception."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from minillm import roofline as rf  # noqa: E402
+from minillm.explorers import (ERROR_CLASS, PLOT_CLASS, READOUT_CLASS,  # noqa: E402
+                               NapkinExplorer, napkin_explorer, plot_batches)
+
+
+@pytest.fixture(scope="module")
+def ex() -> NapkinExplorer:
+    return napkin_explorer()
+
+
+def reset(ex: NapkinExplorer):
+    ex.set(model="llama-2-7b", gpu="a100")                       # force a resync of all fields
+    ex.set(model="llama-2-13b", gpu="h100", batch=64, seq_len=1000, bytes_per_param=2.0)
+    assert ex.state["error"] is None
+
+
+def expected_row(ex, **over):
+    c = ex.controls
+    args = dict(model=c["model"].value, hw=c["gpu"].value, batch=c["batch"].value,
+                seq_len=c["seq_len"].value, kv_heads=c["n_kv_heads"].value,
+                bytes_per_param=c["bytes_per_param"].value) | over
+    return rf.napkin(**args)
+
+
+def plotted_png(ex) -> str:
+    (out,) = ex.plot.outputs
+    return out["data"]["image/png"]
+
+
+# ---- structure: what a browser test relies on ------------------------------------------------
+
+def test_widget_structure_and_stable_names(ex):
+    import ipywidgets as widgets
+    assert isinstance(ex, widgets.VBox)
+    assert READOUT_CLASS in ex.readout._dom_classes and isinstance(ex.readout, widgets.HTML)
+    assert PLOT_CLASS in ex.plot._dom_classes and isinstance(ex.plot, widgets.Output)
+    descriptions = {name: w.description for name, w in ex.controls.items()}
+    assert descriptions["batch"] == "batch B" and descriptions["seq_len"] == "seq len S"
+    assert descriptions["n_kv_heads"] == "K (KV heads)" and descriptions["memory_gb"] == "HBM (GB)"
+    assert len(set(descriptions.values())) == len(descriptions)          # unique labels
+    assert set(ex.controls["model"].options) >= {"llama-2-13b", "llama-2-7b", "custom"}
+    assert set(ex.controls["gpu"].options) >= {"h100", "a100", "h200", "custom"}
+
+
+def test_starts_on_the_lecture_row(ex):
+    reset(ex)
+    row = ex.state["row"]
+    assert row == expected_row(ex) | {"model": "llama-2-13b"}
+    assert row["latency_s"] == pytest.approx(23.42e-3, rel=1e-3)           # the lecture's B = 64
+    assert "23.42 ms" in ex.readout.value and "2732.6 tok/s" in ex.readout.value
+    assert "fits" in ex.readout.value and "NOT" not in ex.readout.value
+    assert "B = 65" in ex.readout.value                                      # largest batch
+
+
+# ---- readouts follow the controls exactly ------------------------------------------------------
+
+@pytest.mark.parametrize("control, value", [
+    ("batch", 1), ("batch", 256), ("seq_len", 4096), ("n_kv_heads", 8), ("bytes_per_param", 1.0),
+    ("gpu", "a100"), ("gpu", "h200"), ("model", "llama-3-8b"), ("model", "minillm-target"),
+])
+def test_changing_a_control_changes_readout_like_napkin(ex, control, value):
+    reset(ex)
+    before_html, before_png = ex.readout.value, plotted_png(ex)
+    ex.controls[control].value = value
+    row = ex.state["row"]
+    expected = expected_row(ex)
+    for key in ("params", "param_bytes", "kv_bytes_per_seq", "memory_bytes", "latency_s",
+                "throughput_tok_s", "fits", "kv_heads"):
+        assert row[key] == expected[key], key
+    assert ex.readout.value != before_html
+    assert plotted_png(ex) != before_png
+    assert f"{row['latency_s'] * 1e3:.2f} ms" in ex.readout.value
+    assert f"{row['throughput_tok_s']:.1f} tok/s" in ex.readout.value
+    assert f"{row['memory_bytes'] / 1e9:.1f} GB" in ex.readout.value
+    assert ("does NOT fit" in ex.readout.value) == (not row["fits"])
+
+
+def test_lecture_batch_256_does_not_fit_and_gqa_fixes_it(ex):
+    reset(ex)
+    ex.controls["batch"].value = 256
+    assert not ex.state["row"]["fits"] and "does NOT fit" in ex.readout.value
+    assert ex.state["row"]["memory_bytes"] == pytest.approx(235.7e9, rel=1e-3)
+    ex.controls["n_kv_heads"].value = 8                                      # the GQA what-if
+    assert ex.controls["model"].value == "llama-2-13b"     # K is a what-if, not a new model
+    assert ex.state["row"]["fits"] and ex.state["max_batch"] == 349
+    assert ex.state["row"]["memory_bytes"] == pytest.approx(64.6e9, rel=1e-3)
+
+
+def test_plotted_curve_is_the_roofline_curve(ex):
+    reset(ex)
+    ex.controls["batch"].value = 100
+    plot = ex.state["plot"]
+    assert plot["batch"] == plot_batches(65, 100)
+    assert 1 in plot["batch"] and 100 in plot["batch"] and 65 in plot["batch"]
+    for b, lat_ms, thr, fits in zip(plot["batch"], plot["latency_ms"], plot["throughput_tok_s"],
+                                    plot["fits"]):
+        r = rf.napkin("llama-2-13b", "h100", b, 1000)
+        assert lat_ms == pytest.approx(1e3 * r["latency_s"], rel=1e-12)
+        assert thr == pytest.approx(r["throughput_tok_s"], rel=1e-12)
+        assert fits == r["fits"] == (b <= 65)
+    assert plot["current"]["batch"] == 100
+    assert plot["current"]["latency_ms"] == pytest.approx(1e3 * ex.state["row"]["latency_s"])
+    assert plot["max_throughput_tok_s"] == pytest.approx(3.35e12 / (1000 * 40 * 128 * 40 * 4))
+
+
+def test_capacity_marker_moves_with_gpu_memory(ex):
+    reset(ex)
+    cap80 = ex.state["plot"]["capacity"]
+    assert cap80["batch"] == 65
+    assert cap80["latency_ms"] == pytest.approx(1e3 * rf.napkin("llama-2-13b", "h100", 65, 1000)["latency_s"])
+    ex.controls["memory_gb"].value = 160
+    assert ex.controls["gpu"].value == "custom"                  # edited figures: a custom GPU
+    cap160 = ex.state["plot"]["capacity"]
+    bigger = dataclasses.replace(rf.HARDWARE["h100"], name="custom", memory_bytes=160e9)
+    assert cap160["batch"] == rf.max_batch_that_fits("llama-2-13b", bigger, 1000) > cap80["batch"]
+    assert cap160["latency_ms"] > cap80["latency_ms"]
+    assert ex.state["row"]["fits"] and f"B = {cap160['batch']}" in ex.readout.value
+    ex.controls["gpu"].value = "h200"                           # preset refills the figures
+    assert ex.controls["memory_gb"].value == pytest.approx(141)
+    assert ex.state["plot"]["capacity"]["batch"] == rf.max_batch_that_fits("llama-2-13b", "h200", 1000)
+
+
+def test_custom_model_dims(ex):
+    reset(ex)
+    ex.controls["dim"].value = 4096
+    assert ex.controls["model"].value == "custom"
+    cfg = dataclasses.replace(rf.get_model("llama-2-13b"), dim=4096)
+    assert ex.state["row"]["params"] == rf.lecture_num_params(cfg)
+    assert ex.state["row"]["latency_s"] == rf.napkin(cfg, "h100", 64, 1000)["latency_s"]
+    # typing the preset's value back is still the "custom" entry, with the same numbers
+    ex.controls["dim"].value = 5120
+    assert ex.state["row"]["latency_s"] == rf.napkin("llama-2-13b", "h100", 64, 1000)["latency_s"]
+
+
+def test_custom_gpu_figures(ex):
+    reset(ex)
+    c = ex.controls
+    c["bandwidth_tb_s"].value, c["memory_gb"].value, c["peak_tflops"].value = 1.0, 48.0, 200.0
+    hw = rf.Hardware("custom", 200e12, 1e12, 48e9)
+    assert ex.state["row"]["latency_s"] == pytest.approx(rf.napkin("llama-2-13b", hw, 64, 1000)["latency_s"])
+    assert ex.state["row"]["accelerator_intensity"] == pytest.approx(200)
+    assert "200 FLOPs/byte" in ex.readout.value
+
+
+# ---- invalid combinations: a message, not a crash -------------------------------------------
+
+@pytest.mark.parametrize("control, value, needle", [
+    ("n_kv_heads", 7, "does not divide N = 40"),
+    ("n_kv_heads", 0, "must be a positive integer"),
+    ("head_dim", 127, "head_dim"),
+    ("bandwidth_tb_s", 0.0, "mem_bandwidth"),
+    ("memory_gb", -1.0, "memory_bytes"),
+])
+def test_invalid_combinations_show_a_message(ex, control, value, needle):
+    reset(ex)
+    ex.controls[control].value = value                     # must not raise
+    assert ex.state["error"] and needle in ex.state["error"]
+    assert ERROR_CLASS in ex.readout.value and "Cannot compute" in ex.readout.value
+    assert needle.replace("=", "=") in ex.readout.value or needle in ex.state["error"]
+    assert ex.plot.outputs == ()
+    reset(ex)                                              # and it recovers
+    assert ex.state["error"] is None and len(ex.plot.outputs) == 1
+
+
+def test_kv_heads_message_lists_valid_choices(ex):
+    reset(ex)
+    ex.controls["n_kv_heads"].value = 7
+    assert "[1, 2, 4, 5, 8, 10, 20, 40]" in ex.readout.value
+
+
+def test_weights_that_do_not_fit_have_no_capacity_marker(ex):
+    reset(ex)
+    ex.controls["memory_gb"].value = 10.0                  # 26 GB of bf16 weights
+    assert ex.state["max_batch"] == 0 and ex.state["plot"]["capacity"] is None
+    assert "weights alone do not fit" in ex.readout.value
+    assert not any(ex.state["plot"]["fits"])
+
+
+def test_constructor_arguments():
+    e = napkin_explorer(model="llama-3-8b", gpu="a100", batch=8, seq_len=2048, kv_heads=4,
+                        bytes_per_param=1.0)
+    r = e.state["row"]
+    assert r == rf.napkin("llama-3-8b", "a100", 8, 2048, kv_heads=4, bytes_per_param=1.0) | {"model": "llama-3-8b"}
+
+
+def test_set_redraws_once_and_rejects_unknown_names(ex):
+    reset(ex)
+    ex.set(gpu="a100", batch=256, n_kv_heads=8, seq_len=2000)
+    assert ex.state["row"] == rf.napkin("llama-2-13b", "a100", 256, 2000, kv_heads=8) | {"model": "llama-2-13b"}
+    with pytest.raises(ValueError, match="unknown controls"):
+        ex.set(batchsize=3)
+
+
+def test_plot_batches():
+    assert plot_batches(65, 64) == [1, 2, 4, 8, 16, 32, 64, 65, 128, 256]
+    assert plot_batches(0, 1) == [1, 2, 4, 8]
+    assert plot_batches(10_000, 3) == [1, 2, 3] + [2 ** i for i in range(2, 13)] + [10_000]
+
+
+# ---- measured-roofline helpers (roofline.py section 5, used by lab 01) ------------------------
+
+def test_matmul_counts_match_the_symbolic_counts():
+    flops, nbytes = rf.matmul_flops_and_bytes()
+    for b, d, f in [(1, 2048, 2048), (64, 5120, 13824), (3, 7, 5)]:
+        shape = {rf.B: b, rf.D: d, rf.F: f}
+        assert rf.matmul_counts(b, d, f) == (int(flops.subs(shape)), int(nbytes.subs(shape)))
+        assert rf.matmul_counts(b, d, f, bytes_per_value=4)[1] == 2 * int(nbytes.subs(shape))
+    with pytest.raises(ValueError, match="batch"):
+        rf.matmul_counts(0, 4, 4)
+
+
+def test_empirical_roofline_is_an_upper_envelope():
+    peak, bw = 80e9, 16e9
+    intensity = [0.5, 1, 2, 4, 8, 16, 32, 64]
+    achieved = [0.9 * rf.roofline_flops_per_s(x, peak, bw) for x in intensity]
+    achieved[3] = rf.roofline_flops_per_s(4, peak, bw)      # one point on the slanted roof
+    fit = rf.empirical_roofline(intensity, achieved)
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(bw)
+    assert fit["peak_flops_per_s"] == pytest.approx(0.9 * peak)
+    assert fit["ridge_intensity"] == pytest.approx(0.9 * peak / bw)
+    for x, y in zip(intensity, achieved):
+        roof = rf.roofline_flops_per_s(x, fit["peak_flops_per_s"], fit["bandwidth_bytes_per_s"])
+        assert y <= roof * (1 + 1e-12)
+    assert math.isclose(rf.roofline_flops_per_s(1000, 1e12, 1e9), 1e12)
+    with pytest.raises(ValueError):
+        rf.empirical_roofline([1, 2], [1e9])
+    with pytest.raises(ValueError):
+        rf.empirical_roofline([0, 2], [1e9, 2e9])
+
+
+def test_readout_numbers_are_plain_text_parsable(ex):
+    reset(ex)
+    text = re.sub(r"<[^>]+>", "", ex.readout.value)
+    assert re.search(r"latency: 23\.42 ms per token", text)
+    assert re.search(r"memory: 78\.5 GB of 80 GB", text)

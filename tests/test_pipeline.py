@@ -1,0 +1,322 @@
+"""The nbgrader pipeline on every lab: release, then autograde three submissions per lab.
+
+    (a) the source notebook itself            -> full points on every autograded cell,
+                                                 and it runs top to bottom in < 180 s
+    (b) the untouched student version         -> zero on every autograded cell, no crash
+    (c) labs/NN_topic/wrong_submission.json   -> the listed cells lose points
+
+All of it happens in one temporary course (a copy of nbgrader_config.py and labs/), so the
+repository's build/ is never touched. Each source notebook is executed twice, for (a) and (c);
+(b) fails fast. A tiny dummy lab, built here, runs through the same steps and through the
+command line (`grade` with crashing / hanging submissions, `selfgrade`, feedback, CSV).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from autograder.course import Course
+
+REPO = Path(__file__).resolve().parent.parent
+LABS = Course(REPO).labs()
+DUMMY = "99_dummy"
+MAX_SECONDS = 180           # a lab runs top to bottom in under 3 minutes on 2 CPU cores
+pytestmark = pytest.mark.slow
+
+
+# --- the dummy lab ----------------------------------------------------------------------------
+def _meta(grade_id, grade=False, solution=False, locked=False, points=None):
+    m = {"schema_version": 3, "grade": grade, "solution": solution, "locked": locked,
+         "grade_id": grade_id}
+    if points is not None:
+        m["points"] = points
+    return {"nbgrader": m}
+
+
+def write_dummy_lab(folder: Path) -> None:
+    """99_dummy: one function to write, a visible + hidden test that runs with the reference
+    disabled, an asset file read by the notebook, and its wrong_submission.json."""
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [
+        new_markdown_cell("# Dummy lab\nDivide logits by a temperature.",
+                          metadata=_meta("99_intro", locked=True)),
+        new_code_cell("import torch\nimport minillm.sampling\n"
+                      "from autograder import assert_close, reference_disabled\n"
+                      "ASSET = open('asset.txt').read().strip()",
+                      metadata=_meta("99_setup", locked=True)),
+        new_code_cell("def scale(logits, t):\n    ### BEGIN SOLUTION\n    return logits / t\n"
+                      "    ### END SOLUTION", metadata=_meta("99_scale", solution=True)),
+        new_code_cell("x = torch.randn(5)\nassert_close(scale(x, 2.0), x / 2, name='scale(x, 2)')\n"
+                      "### BEGIN HIDDEN TESTS\ng = torch.Generator().manual_seed(1)\n"
+                      "y = torch.randn(3, 7, generator=g)\n"
+                      "ref = minillm.sampling.apply_temperature(y, 0.7)\n"
+                      "with reference_disabled('minillm.sampling.apply_temperature'):\n"
+                      "    assert_close(scale(y, 0.7), ref, name='scale(y, 0.7)')\n"
+                      "### END HIDDEN TESTS",
+                      metadata=_meta("99_scale_test", grade=True, locked=True, points=2)),
+        new_code_cell("assert ASSET == 'hello', ASSET\nassert scale(torch.ones(1), 1.0).item() == 1.0",
+                      metadata=_meta("99_asset_test", grade=True, locked=True, points=1)),
+    ]
+    folder.mkdir(parents=True)
+    nbformat.write(nb, str(folder / f"{folder.name}.ipynb"))
+    (folder / "asset.txt").write_text("hello\n")
+    (folder / "wrong_submission.json").write_text(json.dumps({
+        "description": "multiplies by the temperature instead of dividing",
+        "replacements": [{"grade_id": "99_scale", "old": "logits / t", "new": "logits * t"}],
+        "expect_lost": ["99_scale_test"]}))
+
+
+# --- submissions --------------------------------------------------------------------------------
+def wrong_notebook(lab_dir: Path) -> nbformat.NotebookNode:
+    """The source notebook with labs/NN/wrong_submission.json's replacements applied."""
+    spec_path = lab_dir / "wrong_submission.json"
+    assert spec_path.is_file(), f"{spec_path} is missing: every lab describes a wrong submission"
+    spec = json.loads(spec_path.read_text())
+    assert spec.get("replacements") and spec.get("expect_lost"), f"{spec_path} is incomplete"
+    nb = nbformat.read(str(lab_dir / f"{lab_dir.name}.ipynb"), as_version=4)
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
+    for rep in spec["replacements"]:
+        cell = cells.get(rep["grade_id"])
+        assert cell is not None, f"{spec_path}: no cell with grade_id {rep['grade_id']!r}"
+        assert rep["old"] in cell.source, \
+            f"{spec_path}: {rep['old']!r} not found in cell {rep['grade_id']!r}"
+        cell.source = cell.source.replace(rep["old"], rep["new"])
+    return nb
+
+
+class Pipeline:
+    """The shared temporary course; autogrades each (student, lab) once, on first request."""
+
+    def __init__(self, root: Path):
+        self.course = Course(root)
+        self.records = {}
+
+    def submit(self, student: str, lab: str, nb: nbformat.NotebookNode) -> None:
+        dest = self.course.submitted(student, lab)
+        dest.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, str(dest / f"{lab}.ipynb"))
+
+    def graded(self, student: str, lab: str):
+        if (student, lab) not in self.records:
+            src = self.course.source(lab)
+            if student == "source":
+                nb = nbformat.read(str(src / f"{lab}.ipynb"), as_version=4)
+            elif student == "release":
+                nb = nbformat.read(str(self.course.release_dir(lab) / f"{lab}.ipynb"),
+                                   as_version=4)
+            elif student == "wrong":
+                nb = wrong_notebook(src)
+            else:
+                raise ValueError(student)
+            self.submit(student, lab, nb)
+            self.records[(student, lab)] = self.course.autograde(student, lab)
+        return self.records[(student, lab)]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course")
+    shutil.copy2(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
+    for lab in LABS:
+        shutil.copytree(REPO / "labs" / lab, root / "labs" / lab,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    write_dummy_lab(root / "labs" / DUMMY)
+    p = Pipeline(root)
+    assert p.course.release() == LABS + [DUMMY]
+    return p
+
+
+ALL = LABS + [DUMMY]
+
+
+def describe(rec) -> str:
+    return f"{rec.student}/{rec.lab}: {rec.status}, log {rec.log}\n" + "\n".join(
+        f"  {c.grade_id}: {c.score} / {c.max_score} {c.errors}" for c in rec.cells)
+
+
+# --- the source notebooks as committed ----------------------------------------------------------
+@pytest.mark.parametrize("lab", LABS)
+def test_source_is_committed_without_outputs(lab):
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+             and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, f"{lab}: code cells {dirty} have outputs or an execution_count"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_source_follows_the_grading_conventions(lab):
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    prefix = lab[:3]
+    ids = []
+    for c in nb.cells:
+        m = c.metadata.get("nbgrader")
+        if not m:
+            continue
+        assert m.get("schema_version") == 3, f"{lab}: cell {m.get('grade_id')} schema"
+        ids.append(m["grade_id"])
+        assert m["grade_id"].startswith(prefix), f"{lab}: grade_id {m['grade_id']!r}"
+        if m.get("grade"):
+            assert m.get("points", 0) > 0, f"{lab}: graded cell {m['grade_id']} has no points"
+    assert len(ids) == len(set(ids)), f"{lab}: duplicate grade_ids"
+    assert any(c.metadata.get("nbgrader", {}).get("grade") for c in nb.cells), \
+        f"{lab}: no graded cell"
+
+
+# --- release ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lab", ALL)
+def test_release_strips_solutions_and_keeps_assets(pipeline, lab):
+    rel = pipeline.course.release_dir(lab)
+    text = (rel / f"{lab}.ipynb").read_text()
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS"):
+        assert marker not in text, f"{lab}: {marker} left in the student version"
+    assert not (rel / "wrong_submission.json").exists(), "instructor file released"
+    src = pipeline.course.source(lab)
+    assets = {p.relative_to(src) for p in src.rglob("*") if p.is_file()
+              and p.suffix != ".ipynb" and p.name != "wrong_submission.json"
+              and ".ipynb_checkpoints" not in p.parts and "__pycache__" not in p.parts}
+    missing = [str(a) for a in assets if not (rel / a).is_file()]
+    assert not missing, f"{lab}: assets not released: {missing}"
+
+
+# --- (a), (b), (c) ------------------------------------------------------------------------------
+@pytest.mark.parametrize("lab", ALL)
+def test_a_source_gets_full_points_in_time(pipeline, lab):
+    rec = pipeline.graded("source", lab)
+    print(f"\n(a) {lab}: {rec.status}, notebook ran {rec.exec_seconds} s, "
+          f"autograde {rec.seconds:.1f} s")
+    assert rec.status == "ok", describe(rec)
+    auto = [c for c in rec.cells if c.autograded]
+    assert auto, describe(rec)
+    lost = [c for c in auto if c.score != c.max_score]
+    assert not lost, describe(rec)
+    assert rec.exec_seconds is not None and rec.exec_seconds < MAX_SECONDS, \
+        f"{lab} ran {rec.exec_seconds} s, the budget is {MAX_SECONDS} s"
+
+
+@pytest.mark.parametrize("lab", ALL)
+def test_b_release_gets_zero_and_fails_fast(pipeline, lab):
+    rec = pipeline.graded("release", lab)
+    print(f"\n(b) {lab}: {rec.status}, notebook ran {rec.exec_seconds} s, "
+          f"autograde {rec.seconds:.1f} s")
+    assert rec.status == "ok", describe(rec)          # graded, not crashed or timed out
+    auto = [c for c in rec.cells if c.autograded]
+    assert auto and all(c.score == 0 for c in auto), describe(rec)
+    assert rec.exec_seconds < MAX_SECONDS, describe(rec)
+
+
+@pytest.mark.parametrize("lab", ALL)
+def test_c_wrong_submission_loses_the_hidden_points(pipeline, lab):
+    spec_path = pipeline.course.source(lab) / "wrong_submission.json"
+    assert spec_path.is_file(), f"{spec_path.relative_to(pipeline.course.root)} is missing: " \
+        "every lab describes a plausible wrong submission (see tests/test_pipeline.py)"
+    spec = json.loads(spec_path.read_text())
+    rec = pipeline.graded("wrong", lab)
+    print(f"\n(c) {lab}: {rec.status}, notebook ran {rec.exec_seconds} s, "
+          f"autograde {rec.seconds:.1f} s ({spec['description']})")
+    assert rec.status == "ok", describe(rec)
+    scores = {c.grade_id: c for c in rec.cells}
+    for gid in spec["expect_lost"]:
+        assert gid in scores, f"{lab}: expect_lost names {gid!r}, not a graded cell"
+        c = scores[gid]
+        assert c.score is not None and c.score < c.max_score, \
+            f"{lab}: wrong submission kept the points of {gid}\n" + describe(rec)
+
+
+# --- the command line on the dummy lab ----------------------------------------------------------
+def _run(*args, cwd=REPO, timeout=900):
+    return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_grade_command_survives_crashes_hangs_and_memory_hogs(pipeline, tmp_path):
+    course = pipeline.course
+    subs = tmp_path / "subs"
+    src = nbformat.read(str(course.source(DUMMY) / f"{DUMMY}.ipynb"), as_version=4)
+    solution = "def scale(logits, t):\n    return logits / t\n"
+    bodies = {
+        "good": solution,
+        "crash": solution + "import os\nos._exit(1)",
+        "hang": solution + "import time\nwhile True:\n    try:\n        time.sleep(1)\n"
+                           "    except KeyboardInterrupt:\n        pass",
+        "hog": "x = bytearray(2 << 30)\n" + solution,
+    }
+    for student, body in bodies.items():
+        nb = nbformat.from_dict(json.loads(json.dumps(src)))
+        nb.cells[2].source = body
+        (subs / student / DUMMY).mkdir(parents=True)
+        nbformat.write(nb, str(subs / student / DUMMY / f"{DUMMY}.ipynb"))
+    r = _run("grade", str(subs), "--root", str(course.root), "--cell-timeout", "6",
+             "--notebook-timeout", "40", "--mem-gb", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    print(r.stdout)
+    rows = {row["student_id"]: row for row in csv.DictReader(open(course.build / "grades.csv"))
+            if row["assignment"] == DUMMY}
+    assert float(rows["good"]["score"]) == 3.0
+    assert float(rows["crash"]["score"]) == 0.0            # scale defined, then the kernel died
+    assert float(rows["hang"]["score"]) == 0.0
+    assert float(rows["hog"]["score"]) == 0.0              # MemoryError before `scale`
+    table = r.stdout[r.stdout.index("student  lab"):]
+    assert "kernel died" in table and "kernel unresponsive" in table
+    assert (course.feedback("good", DUMMY) / f"{DUMMY}.html").is_file()
+    assert (course.feedback("hog", DUMMY) / f"{DUMMY}.html").is_file()
+    assert_no_process_left_in(course.root)
+
+
+def assert_no_process_left_in(root: Path) -> None:
+    """No kernel (or anything else) still runs with its working directory in the course."""
+    psutil = pytest.importorskip("psutil")
+    left = []
+    for proc in psutil.process_iter(["pid", "cwd", "cmdline"]):
+        cwd = proc.info.get("cwd") or ""
+        if cwd.startswith(str(root)):
+            left.append((proc.info["pid"], cwd, proc.info["cmdline"]))
+    assert not left, f"processes left running in the course: {left}"
+
+
+def test_a_submission_killed_on_the_wall_clock_scores_zero(pipeline):
+    course = pipeline.course
+    nb = nbformat.read(str(course.source(DUMMY) / f"{DUMMY}.ipynb"), as_version=4)
+    nb.cells[2].source = "import time\ntime.sleep(600)"
+    pipeline.submit("sleeper", DUMMY, nb)
+    rec = course.autograde("sleeper", DUMMY, wall_timeout=15)
+    assert rec.status.startswith("killed"), describe(rec)
+    assert [c.score for c in rec.cells if c.autograded] == [0, 0], describe(rec)
+    assert_no_process_left_in(course.root)
+
+
+def test_selfgrade_command_reports_each_cell_and_fails_without_full_marks(pipeline, tmp_path):
+    course = pipeline.course
+    nb = wrong_notebook(course.source(DUMMY))
+    path = tmp_path / f"{DUMMY}.ipynb"
+    nbformat.write(nb, str(path))
+    before = sorted(p.name for p in course.build.iterdir())
+    r = _run("selfgrade", str(path), "--root", str(course.root), "--mem-gb", "0")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "99_scale_test" in out and "0 / 2" in out and "FAILED" in out
+    assert "scale(x, 2)" in out and "elements differ" in out      # the assertion message
+    assert "99_asset_test" in out and "1 / 1" in out
+    assert sorted(p.name for p in course.build.iterdir()) == before   # build/ untouched
+
+
+def test_selfgrade_full_marks_verdict():
+    from autograder.course import CellScore, GradeRecord
+    from autograder.selfgrade import report
+    cells = [CellScore("t1", "nb", 2.0, 2.0, True), CellScore("q1", "nb", None, 1.0, False)]
+    lines = []
+    assert report(GradeRecord("me", "lab", "ok", 1.0, 1.0, cells), lines.append)
+    assert "full marks" in lines[-1]
+    cells[0].score = 1.0
+    assert not report(GradeRecord("me", "lab", "ok", 1.0, 1.0, cells), lines.append)
+    cells[0].score = 2.0
+    assert not report(GradeRecord("me", "lab", "kernel died", 1.0, 1.0, cells), lines.append)
