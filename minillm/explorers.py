@@ -53,6 +53,7 @@ ERROR_CLASS = "minillm-napkin-error"
 
 _STYLE = {"description_width": "120px"}
 _LAYOUT = widgets.Layout(width="300px")
+_SLIDER_LAYOUT = widgets.Layout(width="420px")
 
 
 def plot_batches(max_batch: int, batch: int, cap: int = 4096) -> list[int]:
@@ -99,11 +100,11 @@ class NapkinExplorer(widgets.VBox):
                                              layout=_LAYOUT)
         c["batch"] = widgets.IntSlider(value=batch, min=1, max=max(max_batch_slider, batch),
                                        description="batch B", continuous_update=False,
-                                       style=_STYLE, layout=_LAYOUT)
+                                       style=_STYLE, layout=_SLIDER_LAYOUT)
         c["seq_len"] = widgets.IntSlider(value=seq_len, min=1,
                                          max=max(max_seq_len_slider, seq_len),
                                          description="seq len S", continuous_update=False,
-                                         style=_STYLE, layout=_LAYOUT)
+                                         style=_STYLE, layout=_SLIDER_LAYOUT)
         c["bytes_per_param"] = widgets.Dropdown(options=BYTES_PER_PARAM,
                                                 value=float(bytes_per_param),
                                                 description="bytes/param", style=_STYLE,

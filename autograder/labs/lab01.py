@@ -10,10 +10,12 @@ graded only as a ratio of medians measured interleaved in one process, on one to
 
     time(B requests one at a time: B matrix-vector products) / time(serve_batched(requests, W))
 
-Both sides do exactly the same 2*B*D*F FLOPs. With B = 64, D = F = 2048 (fp32) the reference
-(`torch.stack(xs) @ W`) measures about 5-8x on the 2-core CI machine (also with a busy loop on
-one core, see the lab's report in tests/test_speed_checks.py); THRESHOLD is set well under that.
-A "batched" function that still loops over the requests measures ~1x and fails.
+Both sides do exactly the same 2*B*D*F FLOPs. With B = 64, D = F = 2048 (fp32), on the shared
+2-core development machine, 20 runs (the last 8 with a busy loop on one core) measured the
+reference (`torch.stack(xs) @ W`) at 4.7x to 11.3x (median 5.9x; a competing load slows the B
+separate weight reads more than the one matmul) and a "batched" function that still loops over
+the requests at 0.6x to 1.6x. THRESHOLD = 2.5 sits in that gap, about 1.9x under the worst
+reference run. tests/test_speed_checks.py re-checks the verdicts (SPEED_CHECKS / SLOW_CHECKS).
 
     from autograder.labs import lab01
     lab01.check_batching_speedup(serve_batched)   # AssertionError below THRESHOLD; returns ratio
@@ -29,7 +31,7 @@ from autograder.timing import time_ratio
 
 BATCH = 64          # requests served by one step
 DIM = 2048          # D = F: a 16 MB fp32 weight, far larger than the L2 cache of any CPU core
-THRESHOLD = 2.5     # required time(one at a time) / time(batched); the reference measures ~5-8
+THRESHOLD = 2.5     # required time(one at a time) / time(batched); the reference measures 4.7-11
 WARMUP, REPEATS = 2, 7
 
 GRADE_ID = "01_batching_speed_test"
