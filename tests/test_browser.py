@@ -417,17 +417,6 @@ def test_lab_runs_in_jupyterlab(lab, browser, jupyter, tmp_path):
 
 
 # --- slides ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def built_decks(tmp_path_factory) -> Path:
-    """Every deck built once per session by the command `make slides` runs (shared with
-    tests/test_slides.py, which builds into the same folder if it runs first)."""
-    out = tmp_path_factory.getbasetemp() / "slides_html"
-    if not (out / ".built").is_file():
-        r = subprocess.run([sys.executable, "-m", "slides.build", "--out", str(out)], cwd=REPO,
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, f"python -m slides.build failed:\n{r.stdout}\n{r.stderr}"
-        (out / ".built").write_text(r.stdout)
-    return out
 
 
 _SLIDE_STATE_JS = """() => {

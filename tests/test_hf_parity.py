@@ -37,13 +37,7 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=112, num_hidden_la
             num_attention_heads=4, max_position_embeddings=128)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Models this tiny run faster on one thread than paying for intra-op thread sync."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # fixture in conftest.py
 
 
 def rope_kwargs(config_cls, theta: float) -> dict:

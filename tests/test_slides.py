@@ -33,16 +33,8 @@ EXTERNAL = re.compile(r"""\b(?:src|href|srcset|action|poster)\s*=\s*["']?\s*(?:h
 
 # --- the built decks ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    """Every deck built once per session with the command `make slides` runs (shared with
-    tests/test_browser.py)."""
-    out = tmp_path_factory.getbasetemp() / "slides_html"
-    if not (out / ".built").is_file():
-        r = subprocess.run([sys.executable, "-m", "slides.build", "--out", str(out)], cwd=REPO,
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, f"python -m slides.build failed:\n{r.stdout}\n{r.stderr}"
-        (out / ".built").write_text(r.stdout)
-    return out
+def built(built_decks) -> Path:
+    return built_decks
 
 
 class _Page(HTMLParser):

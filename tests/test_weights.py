@@ -13,13 +13,7 @@ from minillm.model import Transformer
 from minillm.weights import INDEX, WEIGHTS, load_checkpoint, read_state_dict, save_checkpoint
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Models this tiny run faster on one thread than paying for intra-op thread sync."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # fixture in conftest.py
 
 
 def tiny_model(seed: int = 0, **overrides) -> Transformer:

@@ -1,0 +1,31 @@
+"""Fixtures shared by several test modules."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def one_thread():
+    """Models this tiny run faster on one thread than paying for intra-op thread sync."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def built_decks(tmp_path_factory) -> Path:
+    """Every slide deck built once per session with the command `make slides` runs."""
+    out = tmp_path_factory.getbasetemp() / "slides_html"
+    r = subprocess.run([sys.executable, "-m", "slides.build", "--out", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"python -m slides.build failed:\n{r.stdout}\n{r.stderr}"
+    (out / ".built").write_text(r.stdout)
+    return out
