@@ -5,6 +5,8 @@
     minillm eval ppl [--model NAME|PATH] [--max-tokens N] --json
     minillm napkin --model llama-2-13b --gpu h100 --batch B --seq-len S [--kv-heads K]
                    [--bytes-per-param P] --json
+    minillm bench decode [--model NAME|PATH] [--prompt-len P --new-tokens N --batch B]
+                         [--vs-hf] [--compile] [--no-naive] [--dtype float32|bfloat16] --json
     minillm train ...            (same as python -m minillm.train)
 
 Commands that print figures take --json and then print one JSON object on stdout.
@@ -75,6 +77,22 @@ def cmd_napkin(a) -> int:
     return 0
 
 
+def cmd_bench_decode(a) -> int:
+    import minillm
+    from .decode_bench import DTYPES, bench_decode
+    model = minillm.load(a.model).to(DTYPES[a.dtype])
+    r = bench_decode(model, prompt_len=a.prompt_len, new_tokens=a.new_tokens, batch=a.batch,
+                     naive=not a.no_naive, vs_hf=a.vs_hf, compile=a.compile, repeats=a.repeats,
+                     seed=a.seed, threads=a.threads)
+    r = {"model": a.model, **r}
+    if a.json:
+        print(json.dumps(r))
+    else:
+        for k, v in r.items():
+            print(f"{k:>24}: {v:.2f}" if isinstance(v, float) else f"{k:>24}: {v}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minillm", description="tiny LLM inference stack")
     sub = p.add_subparsers(dest="command", required=True)
@@ -108,6 +126,23 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--bytes-per-param", type=float, default=2.0)
     n.add_argument("--json", action="store_true")
     n.set_defaults(func=cmd_napkin)
+
+    b = sub.add_parser("bench", help="measured speed comparisons (ratios from one run)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bd = bsub.add_parser("decode", help="naive vs KV-cached decode (and Hugging Face) tokens/s")
+    bd.add_argument("--model", default="target")
+    bd.add_argument("--prompt-len", type=int, default=32)
+    bd.add_argument("--new-tokens", type=int, default=256)
+    bd.add_argument("--batch", type=int, default=1)
+    bd.add_argument("--repeats", type=int, default=3)
+    bd.add_argument("--seed", type=int, default=0)
+    bd.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    bd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    bd.add_argument("--vs-hf", action="store_true", help="also time Hugging Face generate")
+    bd.add_argument("--compile", action="store_true", help="also time the cached loop under torch.compile (compiles for ~1 min)")
+    bd.add_argument("--no-naive", action="store_true", help="skip the (slow) naive loop")
+    bd.add_argument("--json", action="store_true")
+    bd.set_defaults(func=cmd_bench_decode)
 
     t = sub.add_parser("train", help="train the tokenizer or a model (see python -m minillm.train)",
                        add_help=False)

@@ -35,10 +35,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # = x * rsqrt(mean(x^2) + eps), as one fused op (torch >= 2.4)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -83,6 +82,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.dim, bias=c.o_bias)
 
+    def kv_spec(self):
+        """What a cache must hold per token for this layer (see kvcache.KVSpec)."""
+        from .kvcache import KVSpec
+        return KVSpec(self.n_kv_heads, self.head_dim, self.head_dim, self.window)
+
     def forward(self, x, cos, sin, positions, cache=None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
@@ -102,6 +106,8 @@ def attend(q, k, v, q_pos, k_pos, window: int | None = None):
     """softmax(q k^T / sqrt(H) + mask) v, with each KV head shared by a group of query heads.
 
     q_pos None means "plain causal prefill from position 0" (no cache): the fast is_causal path.
+    A single query token without a window (a decode step) sees every key a cache returns -- a
+    cache only returns keys at or before the newest position -- so it needs no mask either.
     """
     n_rep = q.shape[1] // k.shape[1]
     if n_rep > 1:   # query head h reads KV head h // n_rep
@@ -109,6 +115,8 @@ def attend(q, k, v, q_pos, k_pos, window: int | None = None):
         v = v.repeat_interleave(n_rep, dim=1)
     if q_pos is None and window is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if window is None and q.shape[-2] == 1:
+        return F.scaled_dot_product_attention(q, k, v)
     if q_pos is None:
         q_pos = k_pos = torch.arange(q.shape[-2], device=q.device)
     mask = causal_mask(q_pos, k_pos, window)

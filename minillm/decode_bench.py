@@ -1,0 +1,122 @@
+"""`minillm bench decode`: tokens per second of the naive loop, the KV-cached loop and (optionally)
+Hugging Face `generate` on the same weights, measured interleaved in one process.
+
+    minillm bench decode --model target --prompt-len 32 --new-tokens 256 --vs-hf --json
+
+Variants: `naive` (lab 00's loop, the whole prefix every step), `cached_loop` (lab 02's loop:
+`Transformer.forward` with a `KVCache`), `cached` (the same cache with the packed decode step of
+`minillm.fast_decode` -- minillm's fast path, reported as `cached_tok_s`), optionally `compiled`
+(the cached loop under torch.compile) and `hf`. Every variant decodes greedily from the same
+random prompt; the report says whether their tokens agree. Hugging Face runs our checkpoint written in its Llama layout and loaded with
+`AutoModelForCausalLM.from_pretrained` (transformers is only a comparison here, never a dependency
+of generation). Speeds are medians over `repeats` interleaved rounds after one warm-up round;
+ratios are of those medians (see minillm.bench).
+"""
+from __future__ import annotations
+
+import tempfile
+
+import torch
+
+from .bench import median, time_interleaved
+from .fast_decode import PackedDecoder, generate_packed
+from .generate import generate_cached, generate_naive
+from .kvcache import KVCache
+from .sampling import SamplingParams
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_as_hf(model):
+    """Our model as a transformers LlamaForCausalLM with identical weights (via a checkpoint)."""
+    try:
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:     # pragma: no cover - transformers is in the dev extra
+        raise RuntimeError("--vs-hf needs the transformers package (pip install transformers)"
+                           ) from e
+    from .weights import save_checkpoint
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    dtype = next(model.parameters()).dtype
+    with tempfile.TemporaryDirectory() as d:
+        save_checkpoint(model, d)
+        hf = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
+    hf.generation_config.eos_token_id = None     # decode exactly new_tokens, like ours
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+def compiled_decoder(model):
+    """A cached greedy decoder whose one-token step is `torch.compile`d (dynamic cache length)."""
+    step = torch.compile(model, dynamic=True)
+
+    @torch.no_grad()
+    def run(prompt: torch.Tensor, n: int) -> list[list[int]]:
+        cache = KVCache.for_model(model, prompt.shape[0], prompt.shape[1] + n)
+        nxt = model(prompt, cache=cache, last_only=True)[:, -1].argmax(-1)
+        out = [nxt]
+        for _ in range(n - 1):
+            nxt = step(nxt[:, None], cache=cache)[:, -1].argmax(-1)
+            out.append(nxt)
+        return torch.stack(out, 1).tolist()
+    return run
+
+
+def bench_decode(model, *, prompt_len: int = 32, new_tokens: int = 256, batch: int = 1,
+                 naive: bool = True, vs_hf: bool = False, compile: bool = False,
+                 repeats: int = 3, seed: int = 0, threads: int | None = None) -> dict:
+    if prompt_len < 1 or new_tokens < 1 or batch < 1 or repeats < 1:
+        raise ValueError("prompt_len, new_tokens, batch and repeats must all be >= 1")
+    ctx = model.config.max_seq_len
+    if prompt_len + new_tokens > ctx:
+        raise ValueError(f"prompt_len + new_tokens = {prompt_len + new_tokens} exceeds the "
+                         f"model's context of {ctx}")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(1, model.config.vocab_size, (batch, prompt_len), generator=g)
+    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+
+    packed = PackedDecoder(model)
+    fns = {"cached": lambda: generate_packed(model, prompt, new_tokens, packed),
+           "cached_loop": lambda: generate_cached(model, prompt, params)}
+    if compile:
+        run_compiled = compiled_decoder(model)
+        fns["compiled"] = lambda: run_compiled(prompt, new_tokens)
+    if naive:
+        fns["naive"] = lambda: generate_naive(model, prompt, params)
+    if vs_hf:
+        hf = load_as_hf(model)
+
+        @torch.no_grad()
+        def run_hf():
+            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                              max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+            return out[:, prompt_len:].tolist()
+        fns["hf"] = run_hf
+
+    outputs = {name: fn() for name, fn in fns.items()}          # also the warm-up round
+    times = time_interleaved(fns, warmup=0, repeats=repeats)
+    n_tok = batch * new_tokens
+    r = {"model_params": model.num_params(), "dtype": str(next(model.parameters()).dtype),
+         "threads": torch.get_num_threads(), "batch": batch, "prompt_len": prompt_len,
+         "new_tokens": new_tokens, "repeats": repeats,
+         "cached_tok_s": n_tok / median(times["cached"]),
+         "cached_loop_tok_s": n_tok / median(times["cached_loop"]),
+         "cached_loop_matches_cached": outputs["cached_loop"] == outputs["cached"]}
+    if naive:
+        r["naive_tok_s"] = n_tok / median(times["naive"])
+        r["cached_vs_naive"] = r["cached_tok_s"] / r["naive_tok_s"]
+        r["naive_matches_cached"] = outputs["naive"] == outputs["cached"]
+    if compile:
+        r["compiled_tok_s"] = n_tok / median(times["compiled"])
+        r["compiled_vs_cached_loop"] = r["compiled_tok_s"] / r["cached_loop_tok_s"]
+        r["compiled_matches_cached"] = outputs["compiled"] == outputs["cached"]
+    if vs_hf:
+        r["hf_tok_s"] = n_tok / median(times["hf"])
+        r["cached_vs_hf"] = r["cached_tok_s"] / r["hf_tok_s"]
+        r["hf_matches_cached"] = outputs["hf"] == outputs["cached"]
+        if compile:
+            r["compiled_vs_hf"] = r["compiled_tok_s"] / r["hf_tok_s"]
+    return r
