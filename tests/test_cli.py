@@ -70,7 +70,22 @@ def test_napkin_json_reproduces_the_lecture(run):
     assert gqa["fits"] is True
 
 
+def test_bench_decode_json_with_hf(run):
+    r = json.loads(run("bench", "decode", "--model", "draft", "--prompt-len", "8",
+                       "--new-tokens", "12", "--repeats", "1", "--vs-hf", "--json").stdout)
+    for key in ("naive_tok_s", "cached_tok_s", "cached_vs_naive", "hf_tok_s", "cached_vs_hf",
+                "cached_loop_tok_s"):
+        assert r[key] > 0, key
+    assert r["cached_vs_naive"] == pytest.approx(r["cached_tok_s"] / r["naive_tok_s"])
+    assert r["cached_vs_hf"] == pytest.approx(r["cached_tok_s"] / r["hf_tok_s"])
+    # greedy from the same prompt: every implementation must produce the same tokens
+    assert r["naive_matches_cached"] and r["hf_matches_cached"] and r["cached_loop_matches_cached"]
+    assert r["new_tokens"] == 12 and r["batch"] == 1
+
+
 @pytest.mark.parametrize("args, message", [
+    (["bench", "decode", "--prompt-len", "500", "--new-tokens", "100"], "context"),
+    (["bench", "decode", "--new-tokens", "0"], ">= 1"),
     (["generate", "Hi", "--temperature", "-1"], "temperature"),
     (["generate", "Hi", "--top-p", "0"], "top_p"),
     (["generate", "Hi", "--top-k", "-2"], "top_k"),
