@@ -116,9 +116,7 @@ class KVCache:
         return cls(layer_specs(model), batch_size, max_len, dtype or p.dtype, device or p.device)
 
     # ---- the protocol the model calls ------------------------------------------------------
-    def _start(self, positions: torch.Tensor, T: int) -> int:
-        if positions.dim() == 2:
-            positions = positions[0]
+    def _start(self, T: int) -> int:
         start = self.seq_len
         if start + T > self.max_len:
             raise ValueError(f"KV cache is full: it holds {start} of {self.max_len} positions "
@@ -126,15 +124,16 @@ class KVCache:
         return start
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
-        """Store k, v [B, heads, T, dim] at the next T positions; return every key/value this
-        layer may attend to and their positions."""
+        """Store k, v [B, heads, T, dim] at the next T positions (`seq_len` onwards; `advance`
+        checks that `positions` agree); return every key/value this layer may attend to and
+        their positions."""
         if self.k[layer] is None:
             raise ValueError(f"layer {layer} has no KV storage in this cache (it borrows another "
                              f"layer's keys and values)")
         B, _, T, _ = k.shape
         if B != self.batch_size:
             raise ValueError(f"cache was allocated for batch {self.batch_size}, got batch {B}")
-        start = self._start(positions, T)
+        start = self._start(T)
         if self.slot_pos[layer] is None:                     # full layer: write in place
             end = start + T
             self.k[layer][:, :, start:end] = k
