@@ -1,0 +1,392 @@
+"""Weight quantization: store weights in fewer bits, compute with 16/32-bit activations.
+
+Decode at small batch is memory-bound (lab 01): a step reads every weight once and does 2 FLOPs
+with it, so the time per token is about (bytes of weights) / (memory bandwidth). Halving the bytes
+per weight halves that floor -- int8 weights make decode up to 2x faster than bf16, int4 up to 4x,
+*if* the kernel dequantizes in registers instead of writing a 16-bit copy back to memory
+(kernels/dequant_matmul.py). The price is precision: every scheme here trades bits for error.
+
+Schemes (all round-to-nearest, RTN, unless stated):
+  absmax int8      q = round(w / s), s = max|w| / 127: per tensor or per output channel.
+  zero-point int8  asymmetric: q = round(w / s) + z, s = (max - min) / 255, codes 0..255.
+  int4 group-wise  asymmetric 4-bit codes 0..15 with a scale and zero per group of G input
+                   weights (G = 32/64/128), two codes packed per byte.
+  LLM.int8()       (Dettmers et al. 2022) int8 for weights *and* activations, except the few
+                   input features whose activations exceed a threshold (6.0): those columns are
+                   multiplied in 16/32-bit ("mixed-precision decomposition").
+  AWQ              (Lin et al. 2023) activation-aware: scale input channel j of W up by
+                   s_j = mean|x_j|^alpha (and the input down by s_j) before int4 RTN, so the
+                   channels that see large activations lose less; alpha is searched per layer
+                   on calibration text to minimise the layer's output error.
+
+`QuantLinear` holds weight-only w8 / w4 weights and drops into the model in place of nn.Linear;
+`quantize_model(model, "int4-awq", calib_ids=...)` returns a quantized copy; `model_bytes` counts
+what it stores.
+"""
+from __future__ import annotations
+
+import copy
+import re
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SCHEMES = ("int8", "int8-tensor", "int8-zp", "int4-g32", "int4-g64", "int4-g128", "int4-awq",
+           "llm.int8")
+
+
+# ---- number formats ---------------------------------------------------------------------------
+def format_table() -> list[dict]:
+    """Range, precision and size of the formats the lab compares, read from torch itself."""
+    rows = []
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16),
+                     ("fp8 e4m3", getattr(torch, "float8_e4m3fn", None))):
+        if dt is None:
+            continue
+        fi = torch.finfo(dt)
+        rows.append({"format": name, "bits": fi.bits, "max": float(fi.max),
+                     "smallest_normal": float(fi.tiny), "eps": float(fi.eps),
+                     "bytes": fi.bits / 8})
+    for name, bits in (("int8", 8), ("int4", 4)):
+        rows.append({"format": name, "bits": bits, "max": float(2 ** (bits - 1) - 1),
+                     "smallest_normal": 1.0, "eps": 1.0, "bytes": bits / 8})
+    return rows
+
+
+# ---- the quantizers ---------------------------------------------------------------------------
+def _check_weight(w: torch.Tensor) -> None:
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise ValueError(f"expected a floating-point weight tensor, got {type(w).__name__}"
+                         f"{'' if not isinstance(w, torch.Tensor) else ' of ' + str(w.dtype)}")
+    if not torch.isfinite(w).all():
+        raise ValueError("weight contains NaN or inf: cannot quantize")
+
+
+def absmax_quantize(w: torch.Tensor, bits: int = 8, per_channel: bool = True):
+    """Symmetric: q = round(w / s) in [-(2^(b-1) - 1), 2^(b-1) - 1], s = max|w| / qmax.
+    per_channel: one scale per output row (dim 0); else one for the tensor.
+    Returns (q int8, s float32 of shape [rows, 1] or [])."""
+    _check_weight(w)
+    qmax = 2 ** (bits - 1) - 1
+    w = w.float()
+    amax = w.abs().amax(dim=-1, keepdim=True) if per_channel else w.abs().amax()
+    s = amax.clamp(min=1e-12) / qmax
+    q = torch.round(w / s).clamp(-qmax, qmax).to(torch.int8)
+    return q, s
+
+
+def zeropoint_quantize(w: torch.Tensor, bits: int = 8, per_channel: bool = True):
+    """Asymmetric: codes q = round(w / s) + z in [0, 2^b - 1] cover [min, max] exactly.
+    Returns (q uint8, s, z) with w ~ (q - z) * s."""
+    _check_weight(w)
+    levels = 2 ** bits - 1
+    w = w.float()
+    lo = w.amin(dim=-1, keepdim=True) if per_channel else w.amin()
+    hi = w.amax(dim=-1, keepdim=True) if per_channel else w.amax()
+    lo, hi = lo.clamp(max=0), hi.clamp(min=0)           # keep 0 exactly representable
+    s = (hi - lo).clamp(min=1e-12) / levels
+    z = torch.round(-lo / s)
+    q = (torch.round(w / s) + z).clamp(0, levels).to(torch.uint8)
+    return q, s, z
+
+
+def group_quantize_int4(w: torch.Tensor, group_size: int = 64):
+    """Asymmetric int4 per group of `group_size` consecutive input weights of each row.
+    Returns (codes uint8 [N, K] in 0..15, scales [N, K/G], zeros [N, K/G]); w ~ (q - z) * s."""
+    _check_weight(w)
+    N, K = w.shape
+    if group_size < 2 or K % group_size:
+        raise ValueError(f"group_size {group_size} must divide the {K} input features")
+    g = w.float().reshape(N, K // group_size, group_size)
+    q, s, z = zeropoint_quantize(g, bits=4, per_channel=True)
+    return q.reshape(N, K), s.squeeze(-1), z.squeeze(-1)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None = None,
+               group_size: int | None = None) -> torch.Tensor:
+    """The float weights the codes stand for: (q - z) * s, scales broadcast per group."""
+    q = q.float()
+    if group_size is not None:
+        N, K = q.shape
+        q = q.reshape(N, K // group_size, group_size)
+        scale = scale.reshape(N, K // group_size, 1)
+        zero = None if zero is None else zero.reshape(N, K // group_size, 1)
+        out = (q - (zero if zero is not None else 0)) * scale
+        return out.reshape(N, K)
+    return (q - (zero if zero is not None else 0)) * scale
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """[N, K] codes 0..15 -> [N, K/2] bytes: low nibble = even k, high nibble = odd k."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"int4 packing needs an even number of columns, got {codes.shape[-1]}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 15):
+        raise ValueError("int4 codes must be in 0..15")
+    c = codes.to(torch.uint8)
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_int4: [N, K/2] bytes -> [N, K] codes."""
+    lo, hi = packed & 0x0F, packed >> 4
+    return torch.stack([lo, hi], dim=-1).flatten(-2)
+
+
+# ---- a quantized linear layer -----------------------------------------------------------------
+class QuantLinear(nn.Module):
+    """Weight-only quantized drop-in for nn.Linear (w8: int8 per output channel; w4: packed int4
+    with group scales and zeros). Activations stay in the input's dtype.
+
+    input_scale (AWQ): the stored weight is W * diag(s); forward divides the input by s first,
+    so y = (x / s) (W s)^T = x W^T up to the quantization error.
+    On CUDA the Triton fused dequant-matmul kernel is used (kernels/); elsewhere the weight is
+    dequantized and multiplied with torch (same result, no speed-up).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bits: int, group_size: int = 64,
+                 bias: bool = False, input_scale: bool = False):
+        super().__init__()
+        if bits not in (8, 4):
+            raise ValueError(f"QuantLinear supports 8 or 4 bits, got {bits}")
+        if bits == 4 and (in_features % group_size or in_features % 2):
+            raise ValueError(f"in_features {in_features} must be even and divisible by the "
+                             f"group size {group_size}")
+        self.in_features, self.out_features, self.bits = in_features, out_features, bits
+        self.group_size = group_size if bits == 4 else None
+        if bits == 8:
+            self.register_buffer("qweight", torch.zeros(out_features, in_features,
+                                                        dtype=torch.int8))
+            self.register_buffer("scales", torch.ones(out_features))
+            self.zeros = None
+        else:
+            ng = in_features // group_size
+            self.register_buffer("qweight", torch.zeros(out_features, in_features // 2,
+                                                        dtype=torch.uint8))
+            self.register_buffer("scales", torch.ones(out_features, ng))
+            self.register_buffer("zeros", torch.zeros(out_features, ng))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.register_buffer("input_scale", torch.ones(in_features) if input_scale else None)
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, linear: nn.Linear, bits: int = 8, group_size: int = 64,
+                    input_scale: torch.Tensor | None = None) -> "QuantLinear":
+        q = cls(linear.in_features, linear.out_features, bits, group_size,
+                bias=linear.bias is not None, input_scale=input_scale is not None)
+        w = linear.weight.detach().float()
+        if input_scale is not None:
+            if input_scale.shape != (linear.in_features,) or not (input_scale > 0).all():
+                raise ValueError(f"input_scale must be positive with shape "
+                                 f"({linear.in_features},)")
+            q.input_scale.copy_(input_scale)
+            w = w * input_scale[None, :]
+        if bits == 8:
+            qw, s = absmax_quantize(w, 8, per_channel=True)
+            q.qweight.copy_(qw), q.scales.copy_(s.squeeze(-1))
+        else:
+            codes, s, z = group_quantize_int4(w, group_size)
+            q.qweight.copy_(pack_int4(codes)), q.scales.copy_(s), q.zeros.copy_(z)
+        if linear.bias is not None:
+            q.bias.copy_(linear.bias.detach().float())
+        return q.to(linear.weight.device)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The float32 weight this layer effectively multiplies by (input scaling undone)."""
+        if self.bits == 8:
+            w = self.qweight.float() * self.scales[:, None]
+        else:
+            w = dequantize(unpack_int4(self.qweight), self.scales, self.zeros, self.group_size)
+        if self.input_scale is not None:
+            w = w / self.input_scale[None, :]
+        return w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is not None:
+            x = x / self.input_scale.to(x.dtype)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if x.is_cuda:
+            from kernels import w4a16_matmul, w8a16_matmul
+            if self.bits == 8:
+                return w8a16_matmul(x, self.qweight, self.scales, bias)
+            return w4a16_matmul(x, self.qweight, self.scales, self.zeros, self.group_size, bias)
+        if self.bits == 8:
+            w = self.qweight.to(x.dtype) * self.scales[:, None].to(x.dtype)
+        else:
+            w = dequantize(unpack_int4(self.qweight), self.scales, self.zeros,
+                           self.group_size).to(x.dtype)
+        return F.linear(x, w, bias)
+
+    def extra_repr(self) -> str:
+        g = f", group_size={self.group_size}" if self.bits == 4 else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bits={self.bits}{g}, awq={self.input_scale is not None}")
+
+
+# ---- LLM.int8(): int8 activations too, outlier features in high precision --------------------
+class Int8MixedLinear(nn.Module):
+    """LLM.int8() matmul: x W^T = x[:, O] W[:, O]^T (high precision, outlier feature columns O)
+    + int8(x[:, ~O]) int8(W[:, ~O])^T (one scale per token row of x, one per output row of W,
+    integer accumulation). O = input features where any |x| > threshold in this batch;
+    `outlier_counts` tallies how often each feature was an outlier."""
+
+    def __init__(self, linear: nn.Linear, threshold: float = 6.0):
+        super().__init__()
+        self.threshold = float(threshold)
+        w = linear.weight.detach().float()
+        q, s = absmax_quantize(w, 8, per_channel=True)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", s.squeeze(-1))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.outlier_counts = torch.zeros(linear.in_features, dtype=torch.long)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, dtype = x.shape, x.dtype
+        x2 = x.reshape(-1, shape[-1]).float()
+        outliers = (x2.abs() > self.threshold).any(dim=0)           # [K] feature columns
+        self.outlier_counts += outliers.cpu().long()
+        w = self.qweight.float() * self.scales[:, None]
+        y = x2[:, outliers] @ w[:, outliers].T                       # the high-precision part
+        rest = x2.masked_fill(outliers, 0.0)
+        sx = rest.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127   # per row (token)
+        qx = torch.round(rest / sx).clamp(-127, 127)
+        # integer products accumulate exactly in float64 (as int32 would on the GPU)
+        acc = qx.double() @ self.qweight.double().T
+        y = y + (acc * sx.double() * self.scales.double()[None, :]).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(dtype).reshape(*shape[:-1], self.out_features)
+
+
+# ---- AWQ --------------------------------------------------------------------------------------
+@torch.no_grad()
+def awq_search(linear: nn.Linear, x: torch.Tensor, group_size: int = 64, grid: int = 20):
+    """Per-input-channel scales s = mean|x|^alpha for the alpha in [0, 1] (grid steps) that
+    minimises || Q(W s)(x / s)^T - W x^T ||^2 on the calibration inputs x [tokens, K].
+    alpha = 0 is plain RTN. Returns (s, best_alpha, errors per alpha)."""
+    x = x.reshape(-1, x.shape[-1]).float()
+    w = linear.weight.detach().float()
+    ref = x @ w.T
+    act = x.abs().mean(dim=0).clamp(min=1e-8)
+    errors, best = [], (float("inf"), None, None)
+    for i in range(grid + 1):
+        alpha = i / grid
+        s = act ** alpha
+        s = s / (s.max() * s.min()).sqrt()                         # keep scales around 1
+        codes, sc, z = group_quantize_int4(w * s[None, :], group_size)
+        wq = dequantize(codes, sc, z, group_size) / s[None, :]
+        err = float(((x @ wq.T) - ref).pow(2).mean())
+        errors.append(err)
+        if err < best[0]:
+            best = (err, alpha, s)
+    return best[2], best[1], errors
+
+
+def linear_inputs(model, ids: torch.Tensor, names) -> dict[str, torch.Tensor]:
+    """Run `model(ids)` once and capture the input of each named nn.Linear (flattened tokens)."""
+    mods = dict(model.named_modules())
+    seen, hooks = {}, []
+    for n in names:
+        hooks.append(mods[n].register_forward_hook(
+            lambda m, args, out, n=n: seen.__setitem__(n, args[0].detach().reshape(
+                -1, args[0].shape[-1]).float())))
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+# ---- whole models -----------------------------------------------------------------------------
+def _linears(model, skip=("lm_head",)) -> list[str]:
+    return [n for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and not any(n == s or n.endswith("." + s) for s in skip)]
+
+
+def _set(model, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def quantize_model(model, scheme: str, calib_ids: torch.Tensor | None = None,
+                   skip=("lm_head",), threshold: float = 6.0):
+    """A quantized copy of `model`: every nn.Linear except `skip` replaced according to `scheme`
+    (one of SCHEMES). "int4-awq" needs `calib_ids` [B, T] (calibration text, not the eval
+    split); the embedding, norms and lm_head stay in floating point."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown quantization scheme {scheme!r}; choose from "
+                         f"{', '.join(SCHEMES)}")
+    if scheme == "int4-awq" and calib_ids is None:
+        raise ValueError("int4-awq needs calibration token ids (calib_ids)")
+    new = copy.deepcopy(model)
+    names = _linears(new, skip)
+    inputs = linear_inputs(new, calib_ids, names) if scheme == "int4-awq" else {}
+    for name in names:
+        lin = new.get_submodule(name)
+        if scheme == "int8":
+            q = QuantLinear.from_linear(lin, 8)
+        elif scheme == "int8-tensor" or scheme == "int8-zp":
+            q = _FakeQuant(lin, scheme)
+        elif scheme.startswith("int4-g"):
+            q = QuantLinear.from_linear(lin, 4, int(scheme[len("int4-g"):]))
+        elif scheme == "int4-awq":
+            s, _, _ = awq_search(lin, inputs[name], group_size=64)
+            q = QuantLinear.from_linear(lin, 4, 64, input_scale=s)
+        else:
+            q = Int8MixedLinear(lin, threshold)
+        _set(new, name, q)
+    return new
+
+
+class _FakeQuant(nn.Module):
+    """Per-tensor absmax or zero-point int8, stored as codes and applied by dequantizing (these
+    schemes are for comparison in the lab; QuantLinear is the deployable one)."""
+
+    def __init__(self, linear: nn.Linear, scheme: str):
+        super().__init__()
+        w = linear.weight.detach()
+        if scheme == "int8-tensor":
+            q, s = absmax_quantize(w, 8, per_channel=False)
+            z = None
+        else:
+            q, s, z = zeropoint_quantize(w, 8, per_channel=True)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", s.reshape(-1))
+        self.register_buffer("zeros", None if z is None else z.reshape(-1))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+
+    def forward(self, x):
+        s = self.scales[:, None] if self.scales.numel() > 1 else self.scales
+        z = None if self.zeros is None else self.zeros[:, None]
+        w = dequantize(self.qweight, s, z).to(x.dtype)
+        return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+
+
+def model_bytes(model, float_bytes: int = 2) -> int:
+    """Bytes the model stores: quantized codes, scales and zeros at their size; floating-point
+    parameters at `float_bytes` each (2 = bf16, how the shipped checkpoints are stored).
+    Scales/zeros count at 2 bytes too (they would be stored in 16-bit)."""
+    total, seen = 0, set()
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t is None or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        if t.dtype in (torch.int8, torch.uint8):
+            total += t.numel() * t.element_size()
+        elif re.search(r"(scales|zeros|input_scale)$", name):
+            total += t.numel() * 2
+        else:
+            total += t.numel() * float_bytes
+    return total
+
+
+def bits_per_weight(model, float_bytes: int = 2) -> float:
+    """Average stored bits per parameter of the original model's linear layers (plus the rest)."""
+    n = sum(p.numel() for p in model.parameters())
+    n += sum(m.in_features * m.out_features + (0 if m.bias is None else m.out_features)
+             for m in model.modules() if isinstance(m, (QuantLinear, Int8MixedLinear))) \
+        + sum(m.qweight.numel() for m in model.modules() if isinstance(m, _FakeQuant))
+    return 8 * model_bytes(model, float_bytes) / max(n, 1)

@@ -1,0 +1,159 @@
+"""Weight quantization schemes, QuantLinear, LLM.int8() and AWQ (lab 04's library)."""
+import pytest
+import torch
+import torch.nn as nn
+
+import minillm
+from minillm.config import ModelConfig
+from minillm.model import Transformer
+from minillm.quant import (Int8MixedLinear, QuantLinear, absmax_quantize, awq_search, dequantize,
+                           format_table, group_quantize_int4, model_bytes, pack_int4,
+                           quantize_model, unpack_int4, zeropoint_quantize)
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_absmax_error_is_at_most_half_a_step():
+    w = rand(16, 64)
+    q, s = absmax_quantize(w, 8, per_channel=True)
+    assert q.dtype == torch.int8 and s.shape == (16, 1)
+    assert ((q.float() * s - w).abs() <= s / 2 + 1e-7).all()
+    assert (q.abs().amax(dim=1) == 127).all()                 # the largest weight hits 127
+
+
+def test_per_channel_beats_per_tensor_when_rows_differ():
+    w = rand(8, 64) * torch.logspace(-3, 0, 8)[:, None]      # rows of very different scale
+    # relative error of the smallest row: per tensor, its weights all round to zero
+    err = lambda q, s: ((q.float() * s - w)[0].norm() / w[0].norm()).item()
+    assert err(*absmax_quantize(w, 8, False)) > 0.5 > 0.01 > err(*absmax_quantize(w, 8, True))
+
+
+def test_zero_point_uses_all_codes_for_one_sided_weights():
+    w = rand(4, 256).abs() + 0.5                               # all positive
+    q, s, z = zeropoint_quantize(w, 8)
+    assert q.dtype == torch.uint8 and int(q.max()) == 255
+    sym_q, sym_s = absmax_quantize(w, 8)
+    assert (dequantize(q, s, z) - w).abs().max() < (sym_q.float() * sym_s - w).abs().max()
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_groups_round_trip_within_half_a_step(group):
+    w = rand(6, 256, seed=group)
+    codes, s, z = group_quantize_int4(w, group)
+    assert codes.shape == (6, 256) and s.shape == (6, 256 // group) and int(codes.max()) <= 15
+    err = (dequantize(codes, s, z, group) - w).abs().reshape(6, -1, group)
+    assert (err <= s[..., None] / 2 + 1e-6).all()
+
+
+def test_pack_int4_layout_and_round_trip():
+    codes = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8)
+    assert pack_int4(codes).tolist() == [[0x21, 0x0F]]         # low nibble = even column
+    c = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
+    assert torch.equal(unpack_int4(pack_int4(c)), c)
+    with pytest.raises(ValueError, match="even"):
+        pack_int4(c[:, :3])
+    with pytest.raises(ValueError, match="0..15"):
+        pack_int4(c + 16)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quant_linear_matches_its_dequantized_weight(bits):
+    lin = nn.Linear(128, 40, bias=True)
+    q = QuantLinear.from_linear(lin, bits, group_size=32)
+    x = rand(3, 5, 128)
+    torch.testing.assert_close(q(x), x @ q.dequantized_weight().T + lin.bias, atol=1e-4,
+                               rtol=1e-4)
+    rel = (q.dequantized_weight() - lin.weight).norm() / lin.weight.norm()
+    assert rel < (0.01 if bits == 8 else 0.15)
+    assert q.qweight.dtype == (torch.int8 if bits == 8 else torch.uint8)
+    assert q.qweight.numel() == 128 * 40 // (1 if bits == 8 else 2)
+
+
+def test_quant_linear_errors():
+    with pytest.raises(ValueError, match="8 or 4 bits"):
+        QuantLinear(64, 8, bits=3)
+    with pytest.raises(ValueError, match="group size"):
+        QuantLinear(100, 8, bits=4, group_size=64)
+    with pytest.raises(ValueError, match="NaN"):
+        absmax_quantize(torch.tensor([[1.0, float("nan")]]))
+
+
+def test_llm_int8_keeps_outlier_features_exact():
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 16, bias=False)
+    x = rand(10, 64) * 0.5
+    x[:, 7] = 40.0                                   # one huge feature, as in large LLMs
+    mixed = Int8MixedLinear(lin, threshold=6.0)
+    y, ref = mixed(x), lin(x)
+    assert mixed.outlier_counts[7] == 1 and mixed.outlier_counts.sum() == 1
+    # without the decomposition the 40.0 sets every row's int8 scale and the rest is crushed
+    no_split = Int8MixedLinear(lin, threshold=1e9)
+    assert (y - ref).abs().max() < (no_split(x) - ref).abs().max() / 5
+
+
+def test_awq_search_never_worse_than_rtn():
+    lin = nn.Linear(128, 64, bias=False)
+    x = rand(200, 128) * torch.logspace(-1, 1, 128)            # some channels see large inputs
+    s, alpha, errors = awq_search(lin, x, group_size=64, grid=10)
+    assert errors[0] >= min(errors) and alpha > 0 and errors[int(alpha * 10)] == min(errors)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4, hidden_dim=128,
+                                   max_seq_len=32)).eval()
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8-tensor", "int8-zp", "int4-g32", "int4-awq",
+                                    "llm.int8"])
+def test_quantize_model_stays_close_and_does_not_mutate(tiny, scheme):
+    before = {k: v.clone() for k, v in tiny.state_dict().items()}
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    q = quantize_model(tiny, scheme, calib_ids=ids)
+    with torch.no_grad():
+        a, b = tiny(ids), q(ids)
+    assert (a - b).abs().max() < 0.1 * a.abs().max()
+    assert all(torch.equal(before[k], v) for k, v in tiny.state_dict().items())
+    assert isinstance(q.lm_head, nn.Linear)                        # lm_head kept in float
+    assert not any(isinstance(m, nn.Linear) for n, m in q.named_modules() if "layers" in n)
+
+
+def test_model_bytes_shrink_as_expected(tiny):
+    base = model_bytes(tiny)
+    assert base == 2 * sum(p.numel() for p in tiny.parameters())
+    lin = sum(m.weight.numel() for n, m in tiny.named_modules()
+              if isinstance(m, nn.Linear) and n != "lm_head")
+    w8 = model_bytes(quantize_model(tiny, "int8"))
+    assert base - w8 == pytest.approx(lin * 1, rel=0.05)           # 2 -> 1 byte per weight
+    w4 = model_bytes(quantize_model(tiny, "int4-g64"))
+    assert base - w4 == pytest.approx(lin * 1.5 - lin / 64 * 4, rel=0.02)
+
+
+def test_unknown_scheme_and_missing_calibration(tiny):
+    with pytest.raises(ValueError, match="unknown quantization scheme"):
+        quantize_model(tiny, "int5")
+    with pytest.raises(ValueError, match="calibration"):
+        quantize_model(tiny, "int4-awq")
+
+
+def test_format_table_reads_torch():
+    rows = {r["format"]: r for r in format_table()}
+    assert rows["bf16"]["max"] == pytest.approx(3.39e38, rel=0.01)
+    assert rows["fp8 e4m3"]["max"] == 448.0 and rows["int4"]["bytes"] == 0.5
+
+
+@pytest.mark.slow
+def test_shipped_model_int8_and_awq_on_held_out_text():
+    """On the shipped target: int8 costs < 0.5% perplexity; AWQ beats plain int4 RTN (g128)."""
+    from minillm.data import load_tokens
+    from minillm.evaluate import perplexity
+    torch.set_num_threads(1)
+    m, tok = minillm.load("target").float(), minillm.load_tokenizer("target")
+    calib = load_tokens(tok, "train")[:4 * 256].reshape(4, 256)
+    ppl = lambda mm: perplexity(mm, tok, "val", max_tokens=4096)["ppl"]
+    base = ppl(m)
+    assert ppl(quantize_model(m, "int8")) < base * 1.005
+    assert ppl(quantize_model(m, "int4-awq", calib_ids=calib)) < ppl(quantize_model(m, "int4-g128"))
