@@ -2,7 +2,7 @@
 
     minillm generate "To be, or not" --max-new-tokens 64 [--temperature T --top-k K --top-p P
                      --seed S --model NAME|PATH] [--json]
-    minillm eval ppl [--model NAME|PATH] [--max-tokens N] --json
+    minillm eval ppl [--model NAME|PATH] [--max-tokens N] [--quant SCHEME] --json
     minillm napkin --model llama-2-13b --gpu h100 --batch B --seq-len S [--kv-heads K]
                    [--bytes-per-param P] --json
     minillm bench decode [--model NAME|PATH] [--prompt-len P --new-tokens N --batch B]
@@ -19,6 +19,8 @@ import sys
 import time
 
 import torch
+
+from .quant import SCHEMES
 
 
 def _load(name):
@@ -51,14 +53,23 @@ def cmd_generate(a) -> int:
 
 def cmd_eval(a) -> int:
     from .evaluate import perplexity
+    from .quant import model_bytes, quantize_model
     model, tok = _load(a.model)
+    model = model.float()
+    if a.quant is not None:
+        calib = None
+        if a.quant == "int4-awq":          # calibration text from the TRAIN split, never val
+            from .data import load_tokens
+            calib = load_tokens(tok, "train")[:4 * 256].reshape(4, 256)
+        model = quantize_model(model, a.quant, calib_ids=calib)
     r = perplexity(model, tok, split=a.split, max_tokens=a.max_tokens)
-    out = {"model": a.model, "quant": None, "split": r["split"], "tokens": r["tokens"],
-           "loss": r["loss"], "ppl": r["ppl"]}
+    out = {"model": a.model, "quant": a.quant, "split": r["split"], "tokens": r["tokens"],
+           "loss": r["loss"], "ppl": r["ppl"], "model_bytes": model_bytes(model)}
     if a.json:
         print(json.dumps(out))
     else:
-        print(f"{a.model}: {out['tokens']} {a.split} tokens, loss {out['loss']:.4f}, "
+        print(f"{a.model} ({a.quant or 'bf16 weights'}, {out['model_bytes'] / 1e6:.2f} MB): "
+              f"{out['tokens']} {a.split} tokens, loss {out['loss']:.4f}, "
               f"perplexity {out['ppl']:.2f}")
     return 0
 
@@ -114,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--model", default="target")
     ppl.add_argument("--split", default="val", choices=["val", "train"])
     ppl.add_argument("--max-tokens", type=int, default=None, help="evaluate a prefix only")
+    ppl.add_argument("--quant", default=None, choices=SCHEMES,
+                     help="quantize the linear layers first (see minillm.quant)")
     ppl.add_argument("--json", action="store_true")
     ppl.set_defaults(func=cmd_eval)
 

@@ -326,19 +326,26 @@ def quantize_model(model, scheme: str, calib_ids: torch.Tensor | None = None,
     inputs = linear_inputs(new, calib_ids, names) if scheme == "int4-awq" else {}
     for name in names:
         lin = new.get_submodule(name)
-        if scheme == "int8":
-            q = QuantLinear.from_linear(lin, 8)
-        elif scheme == "int8-tensor" or scheme == "int8-zp":
-            q = _FakeQuant(lin, scheme)
-        elif scheme.startswith("int4-g"):
-            q = QuantLinear.from_linear(lin, 4, int(scheme[len("int4-g"):]))
-        elif scheme == "int4-awq":
-            s, _, _ = awq_search(lin, inputs[name], group_size=64)
-            q = QuantLinear.from_linear(lin, 4, 64, input_scale=s)
-        else:
-            q = Int8MixedLinear(lin, threshold)
+        try:
+            q = _quantize_linear(lin, scheme, inputs.get(name), threshold)
+        except ValueError as e:
+            raise ValueError(f"{scheme} cannot quantize {name} ({lin.in_features} -> "
+                             f"{lin.out_features}): {e}") from None
         _set(new, name, q)
     return new
+
+
+def _quantize_linear(lin: nn.Linear, scheme: str, x, threshold: float) -> nn.Module:
+    if scheme == "int8":
+        return QuantLinear.from_linear(lin, 8)
+    if scheme in ("int8-tensor", "int8-zp"):
+        return _FakeQuant(lin, scheme)
+    if scheme.startswith("int4-g"):
+        return QuantLinear.from_linear(lin, 4, int(scheme[len("int4-g"):]))
+    if scheme == "int4-awq":
+        s, _, _ = awq_search(lin, x, group_size=64)
+        return QuantLinear.from_linear(lin, 4, 64, input_scale=s)
+    return Int8MixedLinear(lin, threshold)
 
 
 class _FakeQuant(nn.Module):

@@ -55,6 +55,11 @@ def test_eval_ppl_json_fields(run):
     r = json.loads(run("eval", "ppl", "--model", "draft", "--max-tokens", "2048", "--json").stdout)
     assert r["model"] == "draft" and r["quant"] is None
     assert r["tokens"] == 2047 and r["ppl"] == pytest.approx(math.exp(r["loss"]), rel=1e-9)
+    q = json.loads(run("eval", "ppl", "--model", "draft", "--max-tokens", "2048", "--quant",
+                       "int4-g32", "--json").stdout)
+    assert q["quant"] == "int4-g32" and q["tokens"] == 2047
+    assert q["model_bytes"] < 0.7 * r["model_bytes"] and q["ppl"] != r["ppl"]
+    assert q["ppl"] < 1.1 * r["ppl"]
 
 
 def test_napkin_json_reproduces_the_lecture(run):
@@ -94,6 +99,8 @@ def test_bench_decode_json_with_hf(run):
     (["generate", "", "--max-new-tokens", "5"], "empty"),
     (["eval", "ppl", "--model", "/nonexistent/dir"], "unknown model"),
     (["napkin", "--model", "gpt-17"], "unknown model"),
+    (["eval", "ppl", "--quant", "int5"], "invalid choice"),
+    (["eval", "ppl", "--model", "draft", "--quant", "int4-g64"], "mlp.down_proj (352 -> 128)"),
     (["napkin", "--kv-heads", "7"], "kv_heads"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(run, args, message):
