@@ -149,6 +149,18 @@ def test_packed_decoder_matches_the_model(kw):
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
+def test_packed_step_scores_several_tokens_at_once(layout):
+    m = tiny(n_kv_heads=2, qkv_bias=True)
+    ids = torch.randint(0, 61, (2, 15), generator=torch.Generator().manual_seed(7))
+    dec, cache = PackedDecoder(m, layout), KVCache.for_model(m, 2, 15)
+    with torch.no_grad():
+        m(ids[:, :6], cache=cache)
+        got = torch.cat([dec.step(ids[:, 6:11], cache), dec.step(ids[:, 11:], cache)], 1)
+        ref = m(ids)[:, 6:]
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_packed_decoder_refuses_variants():
     m = tiny()
     m.layers[1].self_attn.window = 4
