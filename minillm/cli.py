@@ -7,6 +7,7 @@
                    [--bytes-per-param P] --json
     minillm bench decode [--model NAME|PATH] [--prompt-len P --new-tokens N --batch B]
                          [--vs-hf] [--compile] [--no-naive] [--dtype float32|bfloat16] --json
+    minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] --json
     minillm train ...            (same as python -m minillm.train)
 
 Commands that print figures take --json and then print one JSON object on stdout.
@@ -104,6 +105,32 @@ def cmd_bench_decode(a) -> int:
     return 0
 
 
+def cmd_bench_speculative(a) -> int:
+    import minillm
+    from .speculative import bench_speculative
+    target, draft = minillm.load(a.model), minillm.load(a.draft)
+    tok = minillm.load_tokenizer(a.model)
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
+    prompt = tok.encode(a.prompt)
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one character")
+    ks = [int(k) for k in a.k.split(",")]
+    r = {"model": a.model, "draft": a.draft,
+         **bench_speculative(target, draft, prompt, ks, a.new_tokens, a.repeats)}
+    if a.json:
+        print(json.dumps(r))
+    else:
+        print(f"target alone: {r['target_tok_s']:.1f} tok/s; draft/target step cost c = "
+              f"{r['c']:.3f}")
+        for row in r["runs"]:
+            print(f"{row['drafter']:>13} k={row['k']}: alpha {row['alpha']:.2f}, "
+                  f"{row['tokens_per_step']:.2f} tokens/step (formula "
+                  f"{row['predicted_tokens_per_step']:.2f}), speed-up {row['speedup']:.2f}x, "
+                  f"exact {row['exact_greedy']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minillm", description="tiny LLM inference stack")
     sub = p.add_subparsers(dest="command", required=True)
@@ -156,6 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--no-naive", action="store_true", help="skip the (slow) naive loop")
     bd.add_argument("--json", action="store_true")
     bd.set_defaults(func=cmd_bench_decode)
+
+    bs = bsub.add_parser("speculative", help="speculative vs plain greedy decoding")
+    bs.add_argument("--model", default="target")
+    bs.add_argument("--draft", default="draft")
+    bs.add_argument("--prompt", default="HAMLET.\nTo be, or not to be, that is the question:\n")
+    bs.add_argument("--k", default="1,2,3,4,6", help="comma-separated draft lengths")
+    bs.add_argument("--new-tokens", type=int, default=128)
+    bs.add_argument("--repeats", type=int, default=3)
+    bs.add_argument("--threads", type=int, default=None)
+    bs.add_argument("--json", action="store_true")
+    bs.set_defaults(func=cmd_bench_speculative)
 
     t = sub.add_parser("train", help="train the tokenizer or a model (see python -m minillm.train)",
                        add_help=False)

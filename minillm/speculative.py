@@ -171,10 +171,12 @@ class SpecStats:
 @torch.no_grad()
 def speculative_generate(target, drafter, prompt, k: int = 4,
                          params: SamplingParams | None = None,
-                         generator: torch.Generator | None = None
-                         ) -> tuple[list[int], SpecStats]:
+                         generator: torch.Generator | None = None,
+                         scorer: PackedDecoder | None = None) -> tuple[list[int], SpecStats]:
     """Generate up to params.max_new_tokens tokens with the target's distribution.
     drafter: ModelDrafter(draft_model) or PromptLookupDrafter(vocab). Batch 1.
+    scorer: a PackedDecoder(target, layout="out_in") to reuse across calls (packing the weights
+    costs about one forward pass); by default one is built when the target allows it.
     Returns (new token ids, statistics)."""
     params = params or SamplingParams()
     if k < 1:
@@ -189,10 +191,13 @@ def speculative_generate(target, drafter, prompt, k: int = 4,
     max_len = ids.shape[1] + params.max_new_tokens + k + 1
     max_len = min(max_len, target.config.max_seq_len)
     cache = KVCache.for_model(target, 1, max_len)
-    try:                    # score the drafts with the packed step when the model allows it
-        score = PackedDecoder(target, layout="out_in").step
-    except ValueError:
-        score = lambda feed, cache: target(feed, cache=cache)    # noqa: E731
+    if scorer is None:
+        try:                # score the drafts with the packed step when the model allows it
+            scorer = PackedDecoder(target, layout="out_in")
+        except ValueError:
+            pass
+    score = scorer.step if scorer is not None else \
+        (lambda feed, cache: target(feed, cache=cache))
     drafter.start(ids, max_len)
     context = ids[0].tolist()
     if len(context) > 1:
@@ -232,3 +237,62 @@ def speculative_generate(target, drafter, prompt, k: int = 4,
                 return out, stats
         context.extend(new)
     return out, stats
+
+
+def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_tokens: int = 128,
+                      repeats: int = 3, lookup: bool = True) -> dict:
+    """Greedy speculative decoding vs the target alone, timed interleaved in one run.
+
+    The baseline is the target's fastest plain decoder (KV cache + packed step), so the speed-up
+    is what speculation adds on top of lab 02's optimisations. Also measures the cost ratio c
+    (draft step / target step) and, with `lookup`, prompt-lookup drafting at the best k.
+    """
+    from .bench import median, time_interleaved
+    from .fast_decode import generate_packed
+    if new_tokens < 1 or repeats < 1 or not ks or min(ks) < 1:
+        raise ValueError("need new_tokens >= 1, repeats >= 1 and every k >= 1")
+    params = SamplingParams(temperature=0, max_new_tokens=new_tokens)
+    ids = torch.tensor([prompt])
+    plain = PackedDecoder(target)                       # weights packed once, outside the timing
+    scorer, drafter = PackedDecoder(target, layout="out_in"), ModelDrafter(draft)
+    looker = PromptLookupDrafter(target.config.vocab_size)
+    expect = generate_packed(target, ids, new_tokens, plain)[0]
+    fns = {"target": lambda: generate_packed(target, ids, new_tokens, plain)}
+    runs = {}
+    for k in ks:
+        fns[f"k={k}"] = lambda k=k: speculative_generate(target, drafter, prompt, k, params,
+                                                         scorer=scorer)
+    if lookup:
+        fns["lookup"] = lambda: speculative_generate(target, looker, prompt, max(ks), params,
+                                                     scorer=scorer)
+    for name, fn in fns.items():
+        runs[name] = fn()
+    times = time_interleaved(fns, warmup=0, repeats=repeats)
+    # cost ratio c: one packed decode step of each model at the same context length
+    steps = {}
+    for name, m in (("target", target), ("draft", draft)):
+        dec, cache = PackedDecoder(m), KVCache.for_model(m, 1, len(prompt) + 1)
+        m(ids, cache=cache)
+
+        def one(dec=dec, cache=cache, n=len(prompt)):
+            dec.step(ids[:, -1], cache)
+            cache.truncate(n)
+        steps[name] = one
+    st = time_interleaved(steps, warmup=3, repeats=31)
+    c = median(st["draft"]) / median(st["target"])
+    base = median(times["target"])
+    rows = []
+    for name in fns:
+        if name == "target":
+            continue
+        out, stats = runs[name]
+        k = max(ks) if name == "lookup" else int(name[2:])
+        rows.append({"drafter": "prompt-lookup" if name == "lookup" else "draft-model", "k": k,
+                     "alpha": stats.alpha, "tokens_per_step": stats.tokens_per_step,
+                     "predicted_tokens_per_step": expected_tokens_per_step(stats.alpha, k),
+                     "speedup": base / median(times[name]), "exact_greedy": out == expect})
+    model_rows = [r for r in rows if r["drafter"] == "draft-model"]
+    best = max(model_rows, key=lambda r: r["speedup"])
+    return {**best, "c": c, "new_tokens": new_tokens, "prompt_tokens": len(prompt),
+            "target_tok_s": new_tokens / base, "threads": torch.get_num_threads(),
+            "exact_greedy": all(r["exact_greedy"] for r in rows), "runs": rows}
