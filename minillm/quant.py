@@ -118,19 +118,30 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None =
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """[N, K] codes 0..15 -> [N, K/2] bytes: low nibble = even k, high nibble = odd k."""
-    if codes.shape[-1] % 2:
-        raise ValueError(f"int4 packing needs an even number of columns, got {codes.shape[-1]}")
+    """[N, K] codes in 0..15 -> uint8 [N, K // 2]; low nibble = even k, high nibble = odd k."""
+    if not isinstance(codes, torch.Tensor) or codes.dim() != 2:
+        raise ValueError(f"pack_int4 expects a 2-D [N, K] tensor of codes, got "
+                         f"{getattr(codes, 'shape', type(codes).__name__)}")
+    if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+        raise ValueError(f"int4 codes must be an integer tensor, got {codes.dtype}")
+    if codes.shape[1] % 2:
+        raise ValueError(f"int4 packing puts two codes per byte along K, so K must be even; "
+                         f"got K = {codes.shape[1]}")
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 15):
-        raise ValueError("int4 codes must be in 0..15")
+        raise ValueError(f"int4 codes must lie in 0..15, got min {int(codes.min())} "
+                         f"max {int(codes.max())}")
     c = codes.to(torch.uint8)
-    return c[..., 0::2] | (c[..., 1::2] << 4)
+    return c[:, 0::2] | (c[:, 1::2] << 4)
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of pack_int4: [N, K/2] bytes -> [N, K] codes."""
-    lo, hi = packed & 0x0F, packed >> 4
-    return torch.stack([lo, hi], dim=-1).flatten(-2)
+    """uint8 [N, K // 2] -> uint8 codes [N, K]; the inverse of pack_int4."""
+    if not isinstance(packed, torch.Tensor) or packed.dim() != 2 or packed.dtype != torch.uint8:
+        raise ValueError(f"unpack_int4 expects a 2-D uint8 tensor, got "
+                         f"{getattr(packed, 'dtype', type(packed).__name__)} "
+                         f"{tuple(getattr(packed, 'shape', ()))}")
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], 2 * packed.shape[1])
 
 
 # ---- a quantized linear layer -----------------------------------------------------------------

@@ -1,0 +1,38 @@
+"""Triton kernels, each beside a plain-torch reference with the same signature.
+
+    from kernels import w4a16_matmul, w4a16_matmul_ref, quantize_w4
+    qweight, scales, zeros = quantize_w4(weight, group_size=64)
+    y = w4a16_matmul(x, qweight, scales, zeros, 64)     # Triton, fused dequantize + matmul
+    y_ref = w4a16_matmul_ref(x, qweight, scales, zeros, 64)
+
+Without a CUDA GPU the kernels run in Triton's CPU interpreter: TRITON_INTERPRET=1 is set here,
+before any kernel module is imported, because Triton decides between compiling and interpreting
+when a function is decorated with @triton.jit (it reads the variable then, so this works even if
+triton itself was imported earlier). Slow, but the same code path the tests compare.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from .dequant_ref import (dequantize_w4, dequantize_w8, pack_int4, quantize_w4,  # noqa: E402
+                          quantize_w8, unpack_int4, w4a16_matmul_ref, w8a16_matmul_ref)
+
+try:
+    from .dequant_matmul import w4a16_matmul, w8a16_matmul
+except ImportError as err:  # triton is an optional dependency (pip install 'minillm[lab]')
+    if (getattr(err, "name", None) or "").split(".")[0] != "triton":
+        raise
+    _missing = err
+
+    def w8a16_matmul(*args, **kwargs):
+        raise RuntimeError(f"w8a16_matmul needs Triton ({_missing}); use w8a16_matmul_ref")
+
+    def w4a16_matmul(*args, **kwargs):
+        raise RuntimeError(f"w4a16_matmul needs Triton ({_missing}); use w4a16_matmul_ref")
+
+__all__ = ["pack_int4", "unpack_int4", "quantize_w8", "quantize_w4", "dequantize_w8",
+           "dequantize_w4", "w8a16_matmul_ref", "w4a16_matmul_ref", "w8a16_matmul",
+           "w4a16_matmul"]

@@ -1,0 +1,354 @@
+"""Fused dequantize-matmul kernels for weight-only quantized linear layers (Triton).
+
+    y = w8a16_matmul(x, qweight, scales, bias=None)
+    y = w4a16_matmul(x, qweight, scales, zeros, group_size, bias=None)
+
+Same signatures, formats and checks as the torch references in `kernels/dequant_ref.py`; the
+difference is *where* the weight becomes float. The reference writes a float32 copy of W to
+memory and reads it back; these kernels read the 8- or 4-bit codes once and turn them into floats
+in registers, so the only big memory traffic is the packed weight itself.
+
+Why that matters (the roofline, lab 01): at decode time M (tokens in the batch) is 1..16, so a
+linear layer does 2*M*N*K FLOPs on N*K weights: at most 16 FLOPs per weight byte in bf16, far
+below the ~300 FLOPs/byte an H100 needs to be compute-bound. The time is bytes / bandwidth:
+bf16 weights = 2 bytes each, int8 = 1, int4 = 0.5 (+ group scales), so up to 2x and 4x faster.
+
+Kernel design (one program = one BLOCK_N slice of output features, looping over all of K):
+
+* Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). Decode has M <= 16, so the N axis must provide the
+  parallelism: BLOCK_N = 16 gives 256 programs for N = 4096, about two per H100 SM. No split-K:
+  it would need a zeroed float32 buffer, atomics and a cast, i.e. extra launches that cost more
+  than they save at these sizes.
+* Every weight byte is loaded once and dequantized in registers; all M rows of x are applied to
+  it before the next tile is loaded (x is tiny and stays in L1/L2).
+* Small M (<= 4): the "FMA path", broadcast-multiply + tl.sum on the CUDA cores; the M rows are
+  an unrolled tl.static_range loop that reuses the unpacked tile. Tensor cores need M >= 16 and
+  would pad 1 row to 16, and at M <= 4 the CUDA cores keep up with memory anyway.
+  Larger M: the "dot path", tl.dot on a [16 or 64, BLOCK_K] x [BLOCK_K, BLOCK_N] tile (rows
+  padded to the block and masked); multiply-adds per byte grow with M, and CUDA cores would
+  become the bottleneck long before M = 16.
+* int4 nibbles: a byte holds k = 2j (low) and k = 2j + 1 (high). `tl.join(b & 0xF, b >> 4)`
+  puts them side by side on a new last axis and a reshape merges (j, 2) back into k, so codes
+  come out in natural k order and x is read contiguously.
+* int -> float with a bit trick: for 0 <= u < 2**23, the float32 with bits 0x4B000000 | u is
+  exactly 2**23 + u, so an OR and a subtraction replace an int-to-float conversion instruction
+  (a quarter of the float32 rate on recent NVIDIA GPUs; int4 needs two per byte).
+* Zero points folded out of the inner loop: within a group, sum_k x_k (q_k - z) s =
+  s * (sum_k x_k q_k - z * sum_k x_k), so the per-weight work is unpack + one multiply-add per
+  row of x; scale and zero are applied once per group. The int4 FMA path loads a 3-D tile
+  [BLOCK_N, groups per step, G] so the per-group sums are one tl.sum; the dot path steps one
+  group at a time. int8 has one scale per row, applied once at the end.
+* Numerics: every load is upcast to float32 right away (the Triton CPU interpreter computes
+  garbage in bf16/fp16), accumulation is float32. The dot path feeds the tensor cores codes and
+  x in x's 16-bit dtype -- exact, since codes are small integers and x already is that dtype --
+  and uses full float32 ("ieee") for float32 x; in the interpreter it always dots in float32.
+* Every load and store is masked: N need not be a multiple of BLOCK_N, M of BLOCK_M, K of
+  BLOCK_K; tensors can be strided views (offsets use the strides passed in).
+
+Without a GPU the package sets TRITON_INTERPRET=1 before these kernels are defined
+(kernels/__init__.py), so the same code runs, slowly, on the CPU for the tests.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .dequant_ref import check_w4a16_args, check_w8a16_args
+
+__all__ = ["w8a16_matmul", "w4a16_matmul", "Config", "pick_config", "INTERPRET"]
+
+# Read when the kernels below are decorated, like triton itself does.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# ---- block sizes -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """Launch parameters. block_k = input features per loop step: for the int4 FMA path a
+    multiple of the group size (several groups per step), for the int4 dot path the group size."""
+    use_dot: bool
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None) -> Config:
+    """The block sizes used for a call (chosen for an H100, see the module docstring).
+
+    FMA path for M <= 4: BLOCK_N = 16 rows, 16 weight bytes per thread per step with 4 warps
+    (w8: 16 x 128 int8; w4: 16 x 256 codes = 16 x 128 bytes), i.e. 2 KiB per program per step,
+    ~3 steps in flight. Dot path for larger M: 16 rows of x (64 for prefill-sized M)."""
+    if kind not in ("w8", "w4"):
+        raise ValueError(f"kind must be 'w8' or 'w4', got {kind!r}")
+    small = M <= 4
+    if kind == "w4" and group_size is not None and group_size < 32:
+        small = True  # tl.dot needs K tiles >= 16, i.e. groups of >= 32 codes per step
+    if small:
+        block_k = 128 if kind == "w8" else max(256, group_size or 0)
+        return Config(False, min(_pow2_at_least(M), 4), 16, block_k)
+    block_m, block_n = (16, 32) if M <= 16 else (64, 64)
+    return Config(True, block_m, block_n, 64 if kind == "w8" else group_size)
+
+
+def _check_config(cfg: Config, kind: str, group_size: int | None) -> None:
+    for name in ("block_m", "block_n", "block_k"):
+        v = getattr(cfg, name)
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"config {name} must be a power of two, got {v}")
+    if cfg.use_dot and min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
+        raise ValueError(f"tl.dot needs blocks >= 16, got {cfg}")
+    if kind == "w4":
+        if cfg.use_dot and cfg.block_k != group_size:
+            raise ValueError(f"the int4 dot path steps one group at a time: block_k must equal "
+                             f"group_size = {group_size}, got {cfg.block_k}")
+        if not cfg.use_dot and cfg.block_k % group_size:
+            raise ValueError(f"the int4 FMA path needs block_k a multiple of group_size = "
+                             f"{group_size}, got {cfg.block_k}")
+
+
+# ---- small helpers inside the kernels ----------------------------------------------------------
+@triton.jit
+def _uint_to_f32(u):
+    """int32 u with 0 <= u < 2**23 -> float32, exactly, without an int-to-float instruction."""
+    return (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _int8_to_f32(q):
+    """int8 -> float32 through the same trick: shift to 0..255, convert, shift back."""
+    return ((q.to(tl.int32) + 128) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+
+
+@triton.jit
+def _nibbles(b):
+    """uint8 bytes [..., J] -> int32 codes [..., J, 2]: [..., j, 0] = k 2j, [..., j, 1] = k 2j+1.
+    Reshaping the last two axes into one gives the codes in k order."""
+    bi = b.to(tl.int32)
+    return tl.join(bi & 0xF, bi >> 4)
+
+
+@triton.jit
+def _dot(a, b, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+    """float32 operands -> float32 a @ b, on the tensor cores in DOT_DTYPE unless DOT_IEEE."""
+    if DOT_IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE))
+
+
+@triton.jit
+def _finish(acc, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS: tl.constexpr):
+    """Add the bias, cast to y's dtype, store the [BLOCK_M, BLOCK_N] tile (masked)."""
+    n_ok = offs_n < N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n * sb, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    mask = (offs_m < M)[:, None] & n_ok[None, :]
+    tl.store(y_ptr + offs_m[:, None] * sym + offs_n[None, :] * syn,
+             acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- int8 weights ------------------------------------------------------------------------------
+@triton.jit
+def _w8a16_fma_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K,
+                      sxm, sxk, sqn, sqk, ss, sb, sym, syn,
+                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        q = tl.load(q_ptr + offs_n[:, None] * sqn + k[None, :] * sqk,
+                    mask=n_ok[:, None] & k_ok[None, :], other=0)
+        w = _int8_to_f32(q)                                              # [BLOCK_N, BLOCK_K]
+        for i in tl.static_range(BLOCK_M):                               # reuse w for each row
+            m = pid_m * BLOCK_M + i
+            xr = tl.load(x_ptr + m * sxm + k * sxk, mask=k_ok & (m < M), other=0.0)
+            part = tl.sum(w * xr.to(tl.float32)[None, :], axis=1)         # [BLOCK_N]
+            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    s = tl.load(s_ptr + offs_n * ss, mask=n_ok, other=0.0).to(tl.float32)
+    _finish(acc * s[None, :], b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
+
+
+@triton.jit
+def _w8a16_dot_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K,
+                      sxm, sxk, sqn, sqk, ss, sb, sym, syn,
+                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok, m_ok = offs_n < N, offs_m < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        xt = tl.load(x_ptr + offs_m[:, None] * sxm + k[None, :] * sxk,
+                     mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + k[:, None] * sqk + offs_n[None, :] * sqn,      # [BLOCK_K, BLOCK_N]
+                    mask=k_ok[:, None] & n_ok[None, :], other=0)
+        acc += _dot(xt, _int8_to_f32(q), DOT_DTYPE, DOT_IEEE)  # int8 values are exact in 16 bit
+    s = tl.load(s_ptr + offs_n * ss, mask=n_ok, other=0.0).to(tl.float32)
+    _finish(acc * s[None, :], b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
+
+
+# ---- int4 weights, group-wise scales and zeros ------------------------------------------------
+@triton.jit
+def _w4a16_fma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K,
+                      sxm, sxk, sqn, sqk, ssn, ssg, szn, szg, sb, sym, syn,
+                      HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, GROUPS_PER_STEP: tl.constexpr):
+    HALF: tl.constexpr = GROUP // 2                                      # bytes per group
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_g = tl.arange(0, GROUPS_PER_STEP)
+    n_ok = offs_n < N
+    n_groups = K // GROUP
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for g0 in range(0, n_groups, GROUPS_PER_STEP):
+        grp = g0 + offs_g                                                # [G_STEP]
+        g_ok = grp < n_groups
+        # packed bytes, 3-D tile [BLOCK_N, G_STEP, HALF]
+        byte = grp[None, :, None] * HALF + tl.arange(0, HALF)[None, None, :]
+        b = tl.load(q_ptr + offs_n[:, None, None] * sqn + byte * sqk,
+                    mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+        codes = _uint_to_f32(tl.reshape(_nibbles(b), (BLOCK_N, GROUPS_PER_STEP, GROUP)))
+        sz_mask = n_ok[:, None] & g_ok[None, :]                          # [BLOCK_N, G_STEP]
+        s = tl.load(s_ptr + offs_n[:, None] * ssn + grp[None, :] * ssg, mask=sz_mask,
+                    other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + offs_n[:, None] * szn + grp[None, :] * szg, mask=sz_mask,
+                    other=0.0).to(tl.float32)
+        k = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]          # [G_STEP, GROUP]
+        for i in tl.static_range(BLOCK_M):                               # reuse codes per row
+            m = pid_m * BLOCK_M + i
+            xr = tl.load(x_ptr + m * sxm + k * sxk, mask=g_ok[:, None] & (m < M),
+                         other=0.0).to(tl.float32)
+            qx = tl.sum(codes * xr[None, :, :], axis=2)                  # sum_k q x per group
+            xsum = tl.sum(xr, axis=1)                                    # sum_k x   per group
+            part = tl.sum(s * (qx - z * xsum[None, :]), axis=1)          # [BLOCK_N]
+            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    _finish(acc, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
+
+
+@triton.jit
+def _w4a16_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K,
+                      sxm, sxk, sqn, sqk, ssn, ssg, szn, szg, sb, sym, syn,
+                      HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+    HALF: tl.constexpr = GROUP // 2
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok, m_ok = offs_n < N, offs_m < M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for g in range(0, K // GROUP):                                       # one group per step
+        k = g * GROUP + tl.arange(0, GROUP)
+        xt = tl.load(x_ptr + offs_m[:, None] * sxm + k[None, :] * sxk, mask=m_ok[:, None],
+                     other=0.0).to(tl.float32)                           # [BLOCK_M, GROUP]
+        byte = g * HALF + tl.arange(0, HALF)
+        b = tl.load(q_ptr + offs_n[:, None] * sqn + byte[None, :] * sqk, mask=n_ok[:, None],
+                    other=0)                                             # [BLOCK_N, HALF]
+        codes = _uint_to_f32(tl.reshape(_nibbles(b), (BLOCK_N, GROUP)))   # [BLOCK_N, GROUP]
+        qx = _dot(xt, tl.trans(codes), DOT_DTYPE, DOT_IEEE)              # codes exact in 16 bit
+        s = tl.load(s_ptr + offs_n * ssn + g * ssg, mask=n_ok, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + offs_n * szn + g * szg, mask=n_ok, other=0.0).to(tl.float32)
+        xsum = tl.sum(xt, axis=1)                                        # [BLOCK_M]
+        acc += s[None, :] * (qx - xsum[:, None] * z[None, :])
+    _finish(acc, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
+
+
+# ---- launchers ---------------------------------------------------------------------------------
+_TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def _check_device(x: torch.Tensor) -> None:
+    if not INTERPRET and not x.is_cuda:
+        raise ValueError(f"the Triton kernels need CUDA tensors, got x on {x.device} (without a "
+                         f"GPU, import kernels with TRITON_INTERPRET=1, or use the *_ref "
+                         f"functions)")
+
+
+def _dot_args(x: torch.Tensor) -> dict:
+    ieee = x.dtype == torch.float32 or INTERPRET  # interpreter: bf16 dots are not trustworthy
+    return {"DOT_DTYPE": tl.float32 if ieee else _TL_DTYPE[x.dtype], "DOT_IEEE": ieee}
+
+
+def _launch_w8(x2, qweight, scales, bias, out, config: Config | None = None) -> None:
+    """out[M, N] = x2[M, K] @ dequant(qweight).T (+ bias); arguments already checked."""
+    M, K = x2.shape
+    N = qweight.shape[0]
+    if M == 0 or N == 0:
+        return
+    cfg = config or pick_config("w8", M, N, K)
+    _check_config(cfg, "w8", None)
+    grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m))
+    b = bias if bias is not None else scales  # any valid pointer; unused without HAS_BIAS
+    args = (x2, qweight, scales, b, out, M, N, K, x2.stride(0), x2.stride(1),
+            qweight.stride(0), qweight.stride(1), scales.stride(0), b.stride(0),
+            out.stride(0), out.stride(1))
+    meta = dict(HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.use_dot:
+        _w8a16_dot_kernel[grid](*args, **meta, **_dot_args(x2))
+    else:
+        _w8a16_fma_kernel[grid](*args, **meta)
+
+
+def _launch_w4(x2, qweight, scales, zeros, group_size, bias, out,
+               config: Config | None = None) -> None:
+    """out[M, N] = x2[M, K] @ dequant(qweight, scales, zeros).T (+ bias); arguments checked."""
+    M, K = x2.shape
+    N = qweight.shape[0]
+    if M == 0 or N == 0:
+        return
+    cfg = config or pick_config("w4", M, N, K, group_size)
+    _check_config(cfg, "w4", group_size)
+    grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m))
+    b = bias if bias is not None else scales[:, 0]
+    args = (x2, qweight, scales, zeros, b, out, M, N, K, x2.stride(0), x2.stride(1),
+            qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
+            zeros.stride(0), zeros.stride(1), b.stride(0), out.stride(0), out.stride(1))
+    meta = dict(HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.use_dot:
+        _w4a16_dot_kernel[grid](*args, **meta, **_dot_args(x2))
+    else:
+        _w4a16_fma_kernel[grid](*args, **meta, GROUPS_PER_STEP=cfg.block_k // group_size)
+
+
+# ---- public API: same signatures as the references ---------------------------------------------
+def w8a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ (qweight * scales[:, None]).T (+ bias), int8 weights dequantized in registers.
+    x [..., K] float16/bfloat16/float32 -> y [..., N] in x.dtype, float32 accumulation."""
+    x2, lead, N, _ = check_w8a16_args(x, qweight, scales, bias)
+    _check_device(x2)
+    out = torch.empty((x2.shape[0], N), device=x.device, dtype=x.dtype)
+    _launch_w8(x2, qweight, scales, bias, out)
+    return out.reshape(*lead, N)
+
+
+def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 zeros: torch.Tensor, group_size: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W.T (+ bias), W = (unpack(qweight) - zeros) * scales per group of `group_size`,
+    the packed int4 codes dequantized in registers. Output in x.dtype, float32 accumulation."""
+    x2, lead, N, _ = check_w4a16_args(x, qweight, scales, zeros, group_size, bias)
+    _check_device(x2)
+    out = torch.empty((x2.shape[0], N), device=x.device, dtype=x.dtype)
+    _launch_w4(x2, qweight, scales, zeros, group_size, bias, out)
+    return out.reshape(*lead, N)
