@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .model import Attention, apply_rope, causal_mask, rope_cos_sin
+from .model import Attention, apply_rope, causal_mask, rope_cos_sin, sdpa
 
 
 class PackedDecoder:
@@ -99,8 +99,7 @@ class PackedDecoder:
             q, k = qk[:, :N], qk[:, N:]
             v = qkv[:, (N + K) * H:].reshape(B, K, H, T).transpose(2, 3)
             k_all, v_all, _ = cache.update(i, k, v, positions)
-            att = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
-                                                 enable_gqa=N != K)   # [B, N, T, H]
+            att = sdpa(q, k_all, v_all, attn_mask=mask)                 # [B, N, T, H]
             x = x + self._mm(att.transpose(1, 2).reshape(B * T, N * H), w["o"], w["o_b"])
             h = self._rms(x, w["ln2"], w["eps2"])
             gate, up = self._mm(h, w["gu"], w["gu_b"]).chunk(2, dim=-1)

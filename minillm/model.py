@@ -102,6 +102,24 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
+def sdpa(q, k, v, attn_mask=None, is_causal=False):
+    """scaled_dot_product_attention where a KV head may serve a group of query heads (GQA).
+
+    torch >= 2.5 reads each KV head in place (enable_gqa); older torch gets copies of the KV
+    heads (query head h reads KV head h // n_rep)."""
+    n_rep = q.shape[1] // k.shape[1]
+    if n_rep == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    if _HAS_ENABLE_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                              enable_gqa=True)
+    k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+_HAS_ENABLE_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
 def attend(q, k, v, q_pos, k_pos, window: int | None = None):
     """softmax(q k^T / sqrt(H) + mask) v, with each KV head shared by a group of query heads.
 
@@ -109,20 +127,16 @@ def attend(q, k, v, q_pos, k_pos, window: int | None = None):
     A single query token without a window (a decode step) sees every key a cache returns -- a
     cache only returns keys at or before the newest position -- so it needs no mask either.
     """
-    n_rep = q.shape[1] // k.shape[1]
-    if n_rep > 1:   # query head h reads KV head h // n_rep
-        k = k.repeat_interleave(n_rep, dim=1)
-        v = v.repeat_interleave(n_rep, dim=1)
     if q_pos is None and window is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return sdpa(q, k, v, is_causal=True)
     if window is None and q.shape[-2] == 1:
-        return F.scaled_dot_product_attention(q, k, v)
+        return sdpa(q, k, v)
     if q_pos is None:
         q_pos = k_pos = torch.arange(q.shape[-2], device=q.device)
     mask = causal_mask(q_pos, k_pos, window)
     if mask.dim() == 3:          # per-sequence positions [B, T, S] -> [B, 1, T, S]
         mask = mask[:, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return sdpa(q, k, v, attn_mask=mask)
 
 
 class MLP(nn.Module):
