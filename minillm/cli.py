@@ -3,6 +3,7 @@
     minillm generate "To be, or not" --max-new-tokens 64 [--temperature T --top-k K --top-p P
                      --seed S --model NAME|PATH] [--json]
     minillm eval ppl [--model NAME|PATH] [--max-tokens N] [--quant SCHEME] --json
+    minillm eval kv-variants [--model NAME|PATH] [--max-tokens N] --json
     minillm napkin --model llama-2-13b --gpu h100 --batch B --seq-len S [--kv-heads K]
                    [--bytes-per-param P] --json
     minillm bench decode [--model NAME|PATH] [--prompt-len P --new-tokens N --batch B]
@@ -72,6 +73,21 @@ def cmd_eval(a) -> int:
         print(f"{a.model} ({a.quant or 'bf16 weights'}, {out['model_bytes'] / 1e6:.2f} MB): "
               f"{out['tokens']} {a.split} tokens, loss {out['loss']:.4f}, "
               f"perplexity {out['ppl']:.2f}")
+    return 0
+
+
+def cmd_eval_kv(a) -> int:
+    from .attention import survey
+    model, tok = _load(a.model)
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
+    rows = survey(model.float(), tok, max_tokens=a.max_tokens)
+    if a.json:
+        print(json.dumps({"model": a.model, "max_tokens": a.max_tokens, "variants": rows}))
+    else:
+        print(f"{'variant':<28}{'KV bytes/token':>16}{'ppl':>9}")
+        for r in rows:
+            print(f"{r['name']:<28}{r['kv_bytes_per_token']:>16.0f}{r['ppl']:>9.2f}")
     return 0
 
 
@@ -156,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="quantize the linear layers first (see minillm.quant)")
     ppl.add_argument("--json", action="store_true")
     ppl.set_defaults(func=cmd_eval)
+
+    kv = esub.add_parser("kv-variants", help="KV bytes/token and held-out perplexity of every "
+                         "KV-shrinking conversion (lab 03)")
+    kv.add_argument("--model", default="target")
+    kv.add_argument("--max-tokens", type=int, default=8192)
+    kv.add_argument("--threads", type=int, default=None)
+    kv.add_argument("--json", action="store_true")
+    kv.set_defaults(func=cmd_eval_kv)
 
     n = sub.add_parser("napkin", help="the lecture's memory / latency / throughput napkin math")
     n.add_argument("--model", default="llama-2-13b", help="preset name (see minillm.roofline)")

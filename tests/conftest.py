@@ -1,12 +1,19 @@
 """Fixtures shared by several test modules."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# Triton kernels run in the CPU interpreter when there is no GPU. Triton reads this variable when
+# a kernel is *defined*, and some libraries (transformers via torch) import triton early, so it
+# has to be set before any test module is imported -- here.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -62,6 +62,17 @@ def test_eval_ppl_json_fields(run):
     assert q["ppl"] < 1.1 * r["ppl"]
 
 
+def test_eval_kv_variants(run):
+    r = json.loads(run("eval", "kv-variants", "--model", "draft", "--max-tokens", "512",
+                       "--json").stdout)
+    rows = {v["name"]: v for v in r["variants"]}
+    base = rows["MHA"]
+    assert {"GQA", "MLA", "CLA", "sliding"} <= {v["family"] for v in r["variants"]}
+    assert all(v["kv_bytes_per_token"] < base["kv_bytes_per_token"] for n, v in rows.items()
+               if n != "MHA")
+    assert all(v["ppl"] > 1 for v in rows.values())
+
+
 def test_napkin_json_reproduces_the_lecture(run):
     r = json.loads(run("napkin", "--model", "llama-2-13b", "--gpu", "h100", "--batch", "1",
                        "--seq-len", "1000", "--json").stdout)

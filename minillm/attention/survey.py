@@ -33,7 +33,8 @@ def default_variants(model) -> list[Variant]:
     the smallest with the "svd" shared rope key; CLA sharing 2 and 3 layers; sliding windows of
     128 and 64 tokens with one global layer in six."""
     cfg = model.config
-    H, R = cfg.head_dim, DEFAULT_ROPE_DIM
+    H = cfg.head_dim
+    R = min(DEFAULT_ROPE_DIM, H // 2)      # half the head carries RoPE (DeepSeek-V2's ratio)
     ks = sorted((k for k in range(1, cfg.n_kv_heads) if cfg.n_kv_heads % k == 0), reverse=True)
     out: list[Variant] = [("MHA", "MHA", lambda m: m)]
     for k in ks:
