@@ -24,6 +24,7 @@ from .paged_attention_ref import (paged_attention_decode_ref,  # noqa: E402
 
 try:
     from .dequant_matmul import w4a16_matmul, w8a16_matmul
+    from .paged_attention import paged_attention_decode, paged_attention_decode_split, write_kv
 except ImportError as err:  # triton is an optional dependency (pip install 'minillm[lab]')
     if (getattr(err, "name", None) or "").split(".")[0] != "triton":
         raise
@@ -35,7 +36,19 @@ except ImportError as err:  # triton is an optional dependency (pip install 'min
     def w4a16_matmul(*args, **kwargs):
         raise RuntimeError(f"w4a16_matmul needs Triton ({_missing}); use w4a16_matmul_ref")
 
+    def write_kv(*args, **kwargs):
+        raise RuntimeError(f"write_kv needs Triton ({_missing}); use write_kv_ref")
+
+    def paged_attention_decode(*args, **kwargs):
+        raise RuntimeError(f"paged_attention_decode needs Triton ({_missing}); use "
+                           f"paged_attention_decode_ref")
+
+    def paged_attention_decode_split(*args, **kwargs):
+        raise RuntimeError(f"paged_attention_decode_split needs Triton ({_missing}); use "
+                           f"paged_attention_decode_split_ref")
+
 __all__ = ["pack_int4", "unpack_int4", "quantize_w8", "quantize_w4", "dequantize_w8",
            "dequantize_w4", "w8a16_matmul_ref", "w4a16_matmul_ref", "w8a16_matmul",
            "w4a16_matmul", "write_kv_ref", "paged_attention_decode_ref",
-           "paged_attention_decode_split_ref"]
+           "paged_attention_decode_split_ref", "write_kv", "paged_attention_decode",
+           "paged_attention_decode_split"]
