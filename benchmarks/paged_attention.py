@@ -123,7 +123,7 @@ def make_problem(B, L, N, K, H, block, device, dtype, gen):
     k_cache = torch.zeros(num_blocks, block, K, H, device=device, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     pos = torch.arange(L, device=device)
-    for b in range(B):               # scatter sequence b: position p -> (table[p // block], p % block)
+    for b in range(B):           # sequence b: position p -> (table[p // block], p % block)
         blk, row = tables[b, pos // block].long(), pos % block
         k_cache[blk, row] = k[b].transpose(0, 1)
         v_cache[blk, row] = v[b].transpose(0, 1)

@@ -268,7 +268,8 @@ def _launch_write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     _write_kv_kernel[(T,)](k, v, k_cache, v_cache, slot_mapping, K, H, k_cache.shape[1],
                            *k.stride(), *v.stride(), slot_mapping.stride(0),
                            *_cache_strides(k_cache, v_cache),
-                           BLOCK_K=_pow2_at_least(K), BLOCK_H=_pow2_at_least(H))
+                           BLOCK_K=max(2, _pow2_at_least(K)),   # >= 2: no size-1 aranges
+                           BLOCK_H=max(2, _pow2_at_least(H)))
 
 
 def _tile_sizes(N: int, K: int, H: int) -> dict:
@@ -319,7 +320,7 @@ def _launch_decode_split(q, k_cache, v_cache, block_tables, context_lens, scale:
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _merge_splits_kernel[(B, N)](
         part, lse, out, num_splits, H, *part.stride(), *lse.stride(), *out.stride(),
-        BLOCK_S=_pow2_at_least(num_splits), BLOCK_H=tiles["BLOCK_H"], num_warps=4)
+        BLOCK_S=max(2, _pow2_at_least(num_splits)), BLOCK_H=tiles["BLOCK_H"], num_warps=4)
     return part, lse
 
 

@@ -11,7 +11,7 @@ and slot `s` is row `s % block_size` of block `s // block_size`. Per layer:
     k_cache, v_cache   [num_blocks, block_size, K, H]     K key/value heads of head_dim H
     q                  [B, N, H]                          one new token per sequence, N % K == 0
     block_tables       int32 [B, max_blocks]              entries past a sequence's length unused
-    context_lens       int32 [B]                          tokens to attend to (>= 1), incl. the new one
+    context_lens       int32 [B]                          tokens to attend to, >= 1 (new one incl.)
     slot_mapping       int64 [T]                          where write_kv puts token t; < 0 = skip
 
 Functions (same names and signatures in `kernels/paged_attention.py`, the Triton kernels):
@@ -226,7 +226,7 @@ def _partial_attention(q, k_cache, v_cache, block_tables, context_lens, scale, t
     # NaN or inf there cannot reach the output through 0 * NaN
     k = torch.where(valid[:, :, None, None], k, 0.0)
     v = torch.where(valid[:, :, None, None], v, 0.0)
-    qg = q.float().reshape(B, K, G, H)                                         # head n -> (n//G, n%G)
+    qg = q.float().reshape(B, K, G, H)                             # head n -> (n // G, n % G)
     s = torch.einsum("bkgh,blkh->bkgl", qg, k) * scale                         # [B, K, G, L]
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)                                           # [B, K, G]
