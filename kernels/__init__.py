@@ -20,7 +20,8 @@ if not torch.cuda.is_available():
 from .dequant_ref import (dequantize_w4, dequantize_w8, pack_int4, quantize_w4,  # noqa: E402
                           quantize_w8, unpack_int4, w4a16_matmul_ref, w8a16_matmul_ref)
 from .paged_attention_ref import (paged_attention_decode_ref,  # noqa: E402
-                                  paged_attention_decode_split_ref, write_kv_ref)
+                                  paged_attention_decode_split_ref, slot_mapping_ref,
+                                  write_kv_ref)
 
 try:
     from .dequant_matmul import w4a16_matmul, w8a16_matmul
@@ -49,6 +50,6 @@ except ImportError as err:  # triton is an optional dependency (pip install 'min
 
 __all__ = ["pack_int4", "unpack_int4", "quantize_w8", "quantize_w4", "dequantize_w8",
            "dequantize_w4", "w8a16_matmul_ref", "w4a16_matmul_ref", "w8a16_matmul",
-           "w4a16_matmul", "write_kv_ref", "paged_attention_decode_ref",
+           "w4a16_matmul", "write_kv_ref", "slot_mapping_ref", "paged_attention_decode_ref",
            "paged_attention_decode_split_ref", "write_kv", "paged_attention_decode",
            "paged_attention_decode_split"]

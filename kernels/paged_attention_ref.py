@@ -42,7 +42,7 @@ import torch
 __all__ = ["write_kv_ref", "paged_attention_decode_ref", "paged_attention_decode_split_ref",
            "write_kv", "paged_attention_decode", "paged_attention_decode_split",
            "check_write_kv_args", "check_decode_args", "pick_num_splits", "split_bounds",
-           "merge_splits", "gather_kv", "PagedShape", "CACHE_DTYPES"]
+           "merge_splits", "gather_kv", "slot_mapping_ref", "PagedShape", "CACHE_DTYPES"]
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -196,6 +196,34 @@ def split_bounds(max_blocks: int, block_size: int, num_splits: int) -> int:
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     blocks_per_split = -(-max_blocks // num_splits)
     return blocks_per_split * block_size
+
+
+def slot_mapping_ref(block_tables: torch.Tensor, positions: torch.Tensor,
+                     block_size: int) -> torch.Tensor:
+    """Slots of token positions: slot = table[pos // block_size] * block_size + pos % block_size.
+
+    block_tables [max_blocks] (one sequence) or [B, max_blocks]; positions [T] or [B, T]
+    (same leading dims), each in 0 .. max_blocks * block_size - 1. Returns int64 slots, the
+    shape of positions."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if not isinstance(block_tables, torch.Tensor) or block_tables.dtype.is_floating_point \
+            or block_tables.dim() not in (1, 2):
+        raise ValueError(f"block_tables must be an integer tensor [max_blocks] or [B, "
+                         f"max_blocks], got {_desc(block_tables)}")
+    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point \
+            or positions.dim() != block_tables.dim() \
+            or positions.shape[:-1] != block_tables.shape[:-1]:
+        raise ValueError(f"positions must be an integer tensor with the table's leading dims "
+                         f"{tuple(block_tables.shape[:-1])}, got {_desc(positions)}")
+    pos = positions.long()
+    if pos.numel() and (int(pos.min()) < 0
+                        or int(pos.max()) >= block_tables.shape[-1] * block_size):
+        raise ValueError(f"positions must lie in 0..{block_tables.shape[-1] * block_size - 1} "
+                         f"({block_tables.shape[-1]} blocks of {block_size}), got "
+                         f"{int(pos.min())}..{int(pos.max())}")
+    blocks = block_tables.long().gather(-1, pos // block_size)
+    return blocks * block_size + pos % block_size
 
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, n_tokens: int) -> torch.Tensor:

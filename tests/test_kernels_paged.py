@@ -401,6 +401,23 @@ def test_pick_num_splits_fills_the_gpu():
     assert par.split_bounds(10, 16, 3) == 4 * 16                 # whole blocks per split
 
 
+def test_slot_mapping_ref():
+    table = torch.tensor([7, 2, 5], dtype=torch.int32)
+    got = par.slot_mapping_ref(table, torch.arange(10), 4)
+    assert got.tolist() == [28, 29, 30, 31, 8, 9, 10, 11, 20, 21] and got.dtype == torch.int64
+    tables = torch.tensor([[3, 0], [1, 4]])
+    assert par.slot_mapping_ref(tables, torch.tensor([[0, 5], [2, 3]]), 3).tolist() == \
+        [[9, 2], [5, 12]]
+    for bad, match in [(dict(positions=torch.tensor([12])), "0..11"),
+                       (dict(positions=torch.tensor([-1])), "0..11"),
+                       (dict(positions=torch.tensor([1.0])), "integer"),
+                       (dict(block_size=0), "positive int")]:
+        a = dict(block_tables=table, positions=torch.arange(3), block_size=4)
+        a.update(bad)
+        with pytest.raises(ValueError, match=match):
+            par.slot_mapping_ref(**a)
+
+
 # ---- the GPU benchmark's code path, at tiny sizes -----------------------------------------------
 def test_benchmark_dry_run(capsys):
     import importlib.util
