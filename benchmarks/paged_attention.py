@@ -19,7 +19,7 @@ What it measures.
                passed as G query positions of one head: the same math, an MHA-shaped call)
    The decode step reads the cache once: bytes moved = K and V of every context token
    (2 * sum(L) * K * H * 2 bytes) + q + out (+ block tables and lengths for paged). At
-   B = 32, L = 4096 that is 268 MB per layer; every other byte is noise.
+   B = 32, L = 4096 that is 537 MB per layer; every other byte is noise.
 2. Long context at batch 1: one sequence of 32768 tokens, same heads. The unsplit kernel has
    only K = 8 programs; paged_attention_decode_split (flash-decoding) cuts the context into
    enough splits to fill the GPU and merges them by log-sum-exp.
