@@ -123,7 +123,7 @@ def cmd_bench_decode(a) -> int:
 
 def cmd_bench_speculative(a) -> int:
     import minillm
-    from .speculative import bench_speculative
+    from .speculative import bench_speculative, repetitive_prompt
     target, draft = minillm.load(a.model), minillm.load(a.draft)
     tok = minillm.load_tokenizer(a.model)
     if a.threads is not None:
@@ -133,7 +133,8 @@ def cmd_bench_speculative(a) -> int:
         raise ValueError("the prompt is empty: give at least one character")
     ks = [int(k) for k in a.k.split(",")]
     r = {"model": a.model, "draft": a.draft,
-         **bench_speculative(target, draft, prompt, ks, a.new_tokens, a.repeats)}
+         **bench_speculative(target, draft, prompt, ks, a.new_tokens, a.repeats,
+                             lookup_prompt=repetitive_prompt(tok), lookup_k=a.lookup_k)}
     if a.json:
         print(json.dumps(r))
     else:
@@ -216,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--new-tokens", type=int, default=128)
     bs.add_argument("--repeats", type=int, default=3)
     bs.add_argument("--threads", type=int, default=None)
+    bs.add_argument("--lookup-k", type=int, default=6,
+                    help="draft length of prompt lookup (on a repetitive prompt)")
     bs.add_argument("--json", action="store_true")
     bs.set_defaults(func=cmd_bench_speculative)
 

@@ -1,24 +1,29 @@
 """Speculative sampling: a cheap drafter guesses k tokens, the target checks them in one pass.
 
-A decode step of the target is memory-bound: scoring k + 1 positions in one forward costs about
-the same as scoring one (the weights are read once either way). So let a small draft model
-propose k tokens x_1..x_k (k cheap steps), run the target once over all of them, and keep a
+Notation (the lecture's, after Chen et al. 2023): **q is the target's distribution, p the draft's**.
+In code the names say it: `q_target`, `p_draft`.
+
+A decode step of the target is memory-bound on a GPU: scoring k + 1 positions in one forward
+costs about the same as scoring one (the weights are read once either way). So let a small draft
+model propose k tokens x_1..x_k (k cheap steps), run the target once over all of them, and keep a
 prefix (Leviathan et al. 2023; Chen et al. 2023):
 
-    for i = 1..k:  accept x_i with probability min(1, p(x_i) / q(x_i))
-                   (p = target distribution, q = draft distribution at that position)
-                   on the first rejection: sample from normalize(max(0, p - q)) and stop
+    for i = 1..k:  accept x_i with probability min(1, q(x_i) / p(x_i))
+                   on the first rejection: sample from normalize(max(0, q - p)) and stop
     all accepted:  sample one bonus token from the target's distribution after x_k
 
-The accepted-or-resampled token is distributed exactly as p: P(x) = q(x) min(1, p/q) +
-(1 - sum_y min(p, q)) (p - q)^+ / sum(p - q)^+ = min(p, q) + (p - q)^+ = p(x). So the output has the
-*target's* distribution, whatever the drafter does; a good drafter only makes it faster.
-At temperature 0 both distributions are one-hot and this is "accept while the argmaxes agree":
-token-identical to the target's greedy output.
+The accepted-or-resampled token is distributed exactly as q: with beta = sum_y min(q(y), p(y)),
+P(x) = p(x) min(1, q(x)/p(x)) + (1 - beta) (q(x) - p(x))^+ / (1 - beta) = min(p, q) + (q - p)^+
+= q(x). So the output has the *target's* distribution, whatever the drafter does; a good drafter
+only makes it faster. At temperature 0 both distributions are one-hot and this is "accept while
+the argmaxes agree": token-identical to the target's greedy output.
 
-With acceptance rate alpha (per token, assumed independent), a step yields on average
-(1 - alpha^(k+1)) / (1 - alpha) tokens and costs k draft steps plus one target step; with c =
-draft cost / target cost, the expected speed-up is (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)).
+With acceptance rate alpha (per judged draft token, assumed independent), a step yields on
+average (1 - alpha^(k+1)) / (1 - alpha) tokens and costs k draft steps plus one target pass; with
+c = draft step cost / target step cost, the expected speed-up is
+(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)). The "+ 1" assumes that scoring k + 1 tokens costs one
+step; where a step is not deeply memory-bound (a CPU core, a tiny model) it costs v_{k+1} > 1
+steps, and the speed-up is tokens / (k c + v_{k+1}) -- `bench_speculative` measures v too.
 
 Both models keep KV caches (minillm.kvcache.KVCache); rejected positions are rolled back with
 `truncate`. Drafters: `ModelDrafter` (a small model) and `PromptLookupDrafter` (no model: copy
@@ -31,12 +36,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .fast_decode import PackedDecoder
+from .fast_decode import PackedDecoder, onednn_available
 from .generate import as_prompt_batch, check_fits, check_vocab
 from .kvcache import KVCache
 from .sampling import SamplingParams, probabilities
 
 
+# --- the formulas ---------------------------------------------------------------------------------
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """E[tokens per target pass] = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)."""
     if not 0 <= alpha <= 1 or k < 0:
@@ -44,42 +50,59 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """Tokens per unit of target-time: tokens per step / (k c + 1), c = draft/target cost."""
-    if c < 0:
-        raise ValueError(f"the cost ratio c must be >= 0, got {c}")
-    return expected_tokens_per_step(alpha, k) / (k * c + 1)
+def expected_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
+    """Tokens per unit of target-step time: tokens per step / (k c + verify_cost).
+    c = draft step / target step; verify_cost = one pass over k + 1 tokens / one target step
+    (1 in the lecture's memory-bound picture)."""
+    if c < 0 or verify_cost <= 0:
+        raise ValueError(f"need c >= 0 and verify_cost > 0, got c={c}, "
+                         f"verify_cost={verify_cost}")
+    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
 
 
-def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """normalize(max(0, p - q)): where to sample after rejecting a draft token.
-    (If p == q the residual is empty -- a rejection then has probability 0 -- return p.)"""
-    r = (p - q).clamp(min=0)
+# --- the acceptance rule --------------------------------------------------------------------------
+def residual_distribution(q_target: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
+    """normalize(max(0, q - p)) over the last dimension: where to sample after rejecting a draft
+    token. (If q == p the residual is empty -- a rejection then has probability 0 -- return q.)"""
+    r = (q_target - p_draft).clamp(min=0)
     total = r.sum(-1, keepdim=True)
-    return torch.where(total > 0, r / total.clamp(min=1e-30), p)
+    return torch.where(total > 0, r / total.clamp(min=1e-30), q_target)
 
 
-def verify(p: torch.Tensor, q: torch.Tensor, draft: list[int],
+def verify(q_target: torch.Tensor, p_draft: torch.Tensor, draft: list[int],
            generator: torch.Generator | None = None) -> tuple[int, int]:
-    """The acceptance rule. p [k+1, V] target distributions at the k draft positions and after
-    them; q [k, V] draft distributions; draft: the k proposed tokens.
+    """The acceptance rule. q_target [k+1, V]: the target's distributions at the k draft
+    positions and after them; p_draft [k, V]: the draft's; draft: the k proposed tokens.
     Returns (number accepted n, the token that follows them: resampled or bonus)."""
     k = len(draft)
     for i, x in enumerate(draft):
         u = torch.rand((), generator=generator).item()
-        px, qx = p[i, x].item(), q[i, x].item()
-        if qx > 0 and u < min(1.0, px / qx):
+        qx, px = q_target[i, x].item(), p_draft[i, x].item()
+        if px > 0 and u < min(1.0, qx / px):
             continue
-        return i, int(torch.multinomial(residual_distribution(p[i], q[i]), 1,
+        return i, int(torch.multinomial(residual_distribution(q_target[i], p_draft[i]), 1,
                                         generator=generator))
-    return k, int(torch.multinomial(p[k], 1, generator=generator))
+    return k, int(torch.multinomial(q_target[k], 1, generator=generator))
 
 
+def verify_greedy(target_argmax: list[int], draft: list[int]) -> tuple[int, int]:
+    """verify() at temperature 0, where q and p are one-hot: accept while the draft token is the
+    target's argmax; the next token is the target's argmax at the first mismatch (or the bonus)."""
+    n = 0
+    while n < len(draft) and draft[n] == target_argmax[n]:
+        n += 1
+    return n, target_argmax[n]
+
+
+# --- drafters -------------------------------------------------------------------------------------
 class ModelDrafter:
-    """Proposes k tokens by sampling a small model autoregressively (with its own KV cache).
+    """Proposes k tokens by running a small model autoregressively (with its own KV cache).
 
-    The draft's cost per token is what the speed-up hinges on (c in the formula), so its
-    one-token steps use the packed decode step (minillm.fast_decode) when the model allows it.
+    The draft's cost per token is what the speed-up hinges on (c in the formula), so its steps
+    use the packed decode step (minillm.fast_decode) when the model allows it. Its cache holds a
+    prefix of the context; `propose` first feeds every context token it does not hold yet, in one
+    pass (usually 1 token; 2 after a step whose drafts were all accepted: the last draft token and
+    the bonus), then drafts.
     """
 
     def __init__(self, model, packed: bool = True):
@@ -92,38 +115,62 @@ class ModelDrafter:
             except ValueError:          # attention variants: fall back to the plain forward
                 self._step = None
 
-    def _logits(self, token: int) -> torch.Tensor:
+    def _logits(self, tokens: list[int]) -> torch.Tensor:
+        """Feed tokens (appended to the cache); logits after the last one [V]."""
+        ids = torch.tensor([tokens])
         if self._step is not None:
-            return self._step(torch.tensor([token]), self.cache)[0]
-        return self.model(torch.tensor([[token]]), cache=self.cache)[0, -1]
+            return self._step(ids[0] if len(tokens) == 1 else ids, self.cache).reshape(
+                len(tokens), -1)[-1]
+        return self.model(ids, cache=self.cache)[0, -1]
 
     def start(self, prompt: torch.Tensor, max_len: int) -> None:
-        """Prefill all but the last prompt token (the loop feeds `last` itself)."""
+        """Prefill all but the last prompt token (the first `propose` feeds it)."""
         self.cache = KVCache.for_model(self.model, 1, max_len)
         if prompt.shape[1] > 1:
             self.model(prompt[:, :-1], cache=self.cache)
 
-    def propose(self, context: list[int], last: int, k: int, params: SamplingParams,
-                generator) -> tuple[list[int], torch.Tensor]:
-        tokens, qs, nxt = [], [], last
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                generator=None) -> tuple[list[int], torch.Tensor | None]:
+        """k draft tokens after `context` and their draft distributions p [k, V] (None at
+        temperature 0, where p is one-hot on the tokens and nobody needs it)."""
+        greedy = params.temperature == 0
+        tokens, ps = [], []
+        feed = context[self.cache.seq_len:]
         for _ in range(k):
-            logits = self._logits(nxt)
-            q = probabilities(logits.float(), params.temperature, params.top_k, params.top_p)
-            nxt = int(q.argmax()) if params.temperature == 0 else \
-                int(torch.multinomial(q, 1, generator=generator))
-            tokens.append(nxt), qs.append(q)
-        return tokens, torch.stack(qs)
+            logits = self._logits(feed)
+            if greedy:
+                nxt = int(logits.argmax())
+            else:
+                p = probabilities(logits.float(), params.temperature, params.top_k, params.top_p)
+                nxt = int(torch.multinomial(p, 1, generator=generator))
+                ps.append(p)
+            tokens.append(nxt)
+            feed = [nxt]
+        return tokens, (None if greedy else torch.stack(ps))
 
     def accept(self, n_context: int, draft: list[int], n: int) -> None:
-        """Keep the context plus the n accepted draft tokens in the cache."""
-        if n == len(draft):          # the last draft token was sampled but never fed
-            self._logits(draft[-1])
-        self.cache.truncate(n_context + n)
+        """Keep the context and the n accepted draft tokens (at most what the cache holds: the
+        last draft token was never fed; the next `propose` feeds it)."""
+        self.cache.truncate(min(self.cache.seq_len, n_context + n))
+
+
+def prompt_lookup(context: list[int], k: int, ngram: int = 3) -> list[int]:
+    """Draft-free proposal: find the most recent earlier occurrence of the last `ngram` tokens of
+    the context (or, failing that, of the last ngram - 1, ..., 1 tokens) and return the up to k
+    tokens that followed it; [] if even the last token never occurred before."""
+    if ngram < 1 or k < 0:
+        raise ValueError(f"need ngram >= 1 and k >= 0, got ngram={ngram}, k={k}")
+    for n in range(min(ngram, len(context) - 1), 0, -1):
+        tail = context[-n:]
+        for s in range(len(context) - n - 1, -1, -1):      # most recent match first
+            if context[s:s + n] == tail:
+                return context[s + n:s + n + k]
+    return []
 
 
 class PromptLookupDrafter:
-    """Draft-free: find the most recent earlier occurrence of the last `ngram` tokens and propose
-    the k tokens that followed it (q is one-hot: a deterministic proposal)."""
+    """Draft-free: propose what followed the latest earlier occurrence of the current n-gram
+    (`prompt_lookup`); p is one-hot on the proposal (a deterministic guess)."""
 
     def __init__(self, vocab_size: int, ngram: int = 3):
         if ngram < 1:
@@ -134,38 +181,52 @@ class PromptLookupDrafter:
         pass
 
     def lookup(self, context: list[int], k: int) -> list[int]:
-        for n in range(min(self.ngram, len(context) - 1), 0, -1):
-            tail = context[-n:]
-            for s in range(len(context) - n - 1, -1, -1):      # most recent match first
-                if context[s:s + n] == tail:
-                    return context[s + n:s + n + k]
-        return []
+        return prompt_lookup(context, k, self.ngram)
 
-    def propose(self, context, last, k, params, generator):
+    def propose(self, context, k, params, generator=None):
         tokens = self.lookup(context, k)
-        q = torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long),
+        if params.temperature == 0:
+            return tokens, None
+        p = torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long),
                                         self.vocab_size).float()
-        return tokens, q
+        return tokens, p
 
     def accept(self, n_context, draft, n):
         pass
 
 
+# --- the loop -------------------------------------------------------------------------------------
 @dataclass
 class SpecStats:
     steps: int = 0                   # target forward passes after the prefill
-    proposed: int = 0
-    accepted: int = 0
+    proposed: int = 0                # draft tokens proposed
+    accepted: int = 0                # draft tokens accepted
+    rejected: int = 0                # draft tokens rejected (at most one per step)
     accepted_per_step: list[int] = field(default_factory=list)
 
     @property
     def alpha(self) -> float:
-        """Measured acceptance rate: accepted / proposed draft tokens."""
-        return self.accepted / self.proposed if self.proposed else 0.0
+        """Measured acceptance rate: accepted / judged draft tokens. The target judges the drafts
+        in order and stops at the first rejection, so the drafts after it are never judged (they
+        are neither accepted nor rejected); counting them as rejections would bias alpha low."""
+        judged = self.accepted + self.rejected
+        return self.accepted / judged if judged else 0.0
 
     @property
     def tokens_per_step(self) -> float:
+        """New tokens per target pass: the accepted drafts plus one (resampled or bonus)."""
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+def default_scorer(target) -> PackedDecoder | None:
+    """The fastest way we have to score a few tokens with `target`: oneDNN-packed weights on a
+    CPU, PyTorch's [out, in] layout elsewhere, None (use target.forward) for attention variants."""
+    for layout in (("onednn", "out_in") if onednn_available() else ("out_in",)):
+        try:
+            return PackedDecoder(target, layout=layout)
+        except ValueError:
+            continue
+    return None
 
 
 @torch.no_grad()
@@ -175,8 +236,8 @@ def speculative_generate(target, drafter, prompt, k: int = 4,
                          scorer: PackedDecoder | None = None) -> tuple[list[int], SpecStats]:
     """Generate up to params.max_new_tokens tokens with the target's distribution.
     drafter: ModelDrafter(draft_model) or PromptLookupDrafter(vocab). Batch 1.
-    scorer: a PackedDecoder(target, layout="out_in") to reuse across calls (packing the weights
-    costs about one forward pass); by default one is built when the target allows it.
+    scorer: a PackedDecoder of the target to reuse across calls (packing the weights costs about
+    one forward pass); by default `default_scorer(target)`.
     Returns (new token ids, statistics)."""
     params = params or SamplingParams()
     if k < 1:
@@ -188,14 +249,10 @@ def speculative_generate(target, drafter, prompt, k: int = 4,
     check_fits(target, ids.shape[1], params.max_new_tokens)
     if generator is None and params.seed is not None:
         generator = torch.Generator().manual_seed(params.seed)
-    max_len = ids.shape[1] + params.max_new_tokens + k + 1
-    max_len = min(max_len, target.config.max_seq_len)
+    greedy = params.temperature == 0
+    max_len = min(ids.shape[1] + params.max_new_tokens + k + 1, target.config.max_seq_len)
     cache = KVCache.for_model(target, 1, max_len)
-    if scorer is None:
-        try:                # score the drafts with the packed step when the model allows it
-            scorer = PackedDecoder(target, layout="out_in")
-        except ValueError:
-            pass
+    scorer = scorer if scorer is not None else default_scorer(target)
     score = scorer.step if scorer is not None else \
         (lambda feed, cache: target(feed, cache=cache))
     drafter.start(ids, max_len)
@@ -206,27 +263,24 @@ def speculative_generate(target, drafter, prompt, k: int = 4,
     stats = SpecStats()
     budget = params.max_new_tokens
     while len(out) < budget:
-        n_ctx = len(context) - 1                   # positions held by the caches
+        n_ctx = len(context) - 1                   # positions held by the target's cache
         room = target.config.max_seq_len - len(context) - 1
         kk = max(0, min(k, budget - len(out) - 1, room))
-        draft, q = drafter.propose(context, context[-1], kk, params, generator) if kk else \
-            ([], torch.zeros(0, target.config.vocab_size))
-        feed = torch.tensor([[context[-1]] + draft])
-        logits = score(feed, cache)[0].float()                        # [len(draft) + 1, V]
-        p = probabilities(logits, params.temperature, params.top_k, params.top_p)
-        if params.temperature == 0:
-            n = 0
-            while n < len(draft) and draft[n] == int(p[n].argmax()):
-                n += 1
-            nxt = int(p[n].argmax())
+        draft, p = drafter.propose(context, kk, params, generator) if kk else ([], None)
+        logits = score(torch.tensor([[context[-1]] + draft]), cache)[0]   # [len(draft) + 1, V]
+        if greedy:
+            n, nxt = verify_greedy(logits.argmax(-1).tolist(), draft)
         else:
-            n, nxt = verify(p, q, draft, generator)
-        cache.truncate(n_ctx + 1 + n)
+            q = probabilities(logits.float(), params.temperature, params.top_k, params.top_p)
+            n, nxt = verify(q, p, draft, generator) if draft else \
+                (0, int(torch.multinomial(q[0], 1, generator=generator)))
+        cache.truncate(n_ctx + 1 + n)              # roll back the rejected positions
         if draft:
             drafter.accept(n_ctx + 1, draft, n)
         stats.steps += 1
         stats.proposed += len(draft)
         stats.accepted += n
+        stats.rejected += n < len(draft)
         stats.accepted_per_step.append(n)
         new = draft[:n] + [nxt]
         for t in new:
@@ -239,60 +293,97 @@ def speculative_generate(target, drafter, prompt, k: int = 4,
     return out, stats
 
 
+# --- measuring it ---------------------------------------------------------------------------------
+REPETITIVE_TEXT = "KING.\nI am not glad to do.\n\n"
+
+
+def repetitive_prompt(tok, repeats: int = 3) -> list[int]:
+    """A prompt that repeats a line, the kind of loop the shipped target falls into by itself
+    when it decodes greedily: its continuation keeps repeating earlier n-grams, which is where
+    prompt lookup shines (in real use: code edits, answers that quote the document)."""
+    return tok.encode(REPETITIVE_TEXT * repeats)
+
+
 def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_tokens: int = 128,
-                      repeats: int = 3, lookup: bool = True) -> dict:
+                      repeats: int = 3, lookup_prompt: list[int] | None = None,
+                      lookup_k: int = 6) -> dict:
     """Greedy speculative decoding vs the target alone, timed interleaved in one run.
 
     The baseline is the target's fastest plain decoder (KV cache + packed step), so the speed-up
     is what speculation adds on top of lab 02's optimisations. Also measures the cost ratio c
-    (draft step / target step) and, with `lookup`, prompt-lookup drafting at the best k.
+    (draft step / target step), the verification cost v_{k+1} (one pass over k + 1 tokens /
+    target step) and, with `lookup_prompt`, prompt-lookup drafting (k = lookup_k) on that prompt
+    against the target alone on the same prompt.
     """
     from .bench import median, time_interleaved
     from .fast_decode import generate_packed
-    if new_tokens < 1 or repeats < 1 or not ks or min(ks) < 1:
-        raise ValueError("need new_tokens >= 1, repeats >= 1 and every k >= 1")
+    if new_tokens < 1 or repeats < 1 or not ks or min(ks) < 1 or lookup_k < 1:
+        raise ValueError("need new_tokens >= 1, repeats >= 1, lookup_k >= 1 and every k >= 1")
     params = SamplingParams(temperature=0, max_new_tokens=new_tokens)
-    ids = torch.tensor([prompt])
     plain = PackedDecoder(target)                       # weights packed once, outside the timing
-    scorer, drafter = PackedDecoder(target, layout="out_in"), ModelDrafter(draft)
-    looker = PromptLookupDrafter(target.config.vocab_size)
-    expect = generate_packed(target, ids, new_tokens, plain)[0]
-    fns = {"target": lambda: generate_packed(target, ids, new_tokens, plain)}
-    runs = {}
+    scorer, drafter = default_scorer(target), ModelDrafter(draft)
+    prompts = {"": prompt}
+    if lookup_prompt is not None:
+        prompts["lookup "] = lookup_prompt
+    fns, expect = {}, {}
+    for tag, pr in prompts.items():
+        ids = torch.tensor([pr])
+        expect[tag] = generate_packed(target, ids, new_tokens, plain)[0]
+        fns[f"{tag}target"] = lambda ids=ids: generate_packed(target, ids, new_tokens, plain)
     for k in ks:
         fns[f"k={k}"] = lambda k=k: speculative_generate(target, drafter, prompt, k, params,
                                                          scorer=scorer)
-    if lookup:
-        fns["lookup"] = lambda: speculative_generate(target, looker, prompt, max(ks), params,
-                                                     scorer=scorer)
-    for name, fn in fns.items():
-        runs[name] = fn()
+    if lookup_prompt is not None:
+        looker = PromptLookupDrafter(target.config.vocab_size)
+        fns["lookup"] = lambda: speculative_generate(target, looker, lookup_prompt, lookup_k,
+                                                     params, scorer=scorer)
+    runs = {name: fn() for name, fn in fns.items()}     # also the warm-up round
     times = time_interleaved(fns, warmup=0, repeats=repeats)
-    # cost ratio c: one packed decode step of each model at the same context length
+    # per-step costs at the prompt's context: one packed decode step of each model, and one
+    # scoring pass over k + 1 tokens with the speculative scorer
+    ids = torch.tensor([prompt])
     steps = {}
-    for name, m in (("target", target), ("draft", draft)):
-        dec, cache = PackedDecoder(m), KVCache.for_model(m, 1, len(prompt) + 1)
+    for name, m, dec, T in ([("target", target, plain, 1), ("draft", draft, PackedDecoder(draft), 1)]
+                            + [(f"verify {k}", target, scorer, k + 1) for k in ks]):
+        cache = KVCache.for_model(m, 1, len(prompt) + T)
         m(ids, cache=cache)
+        feed = ids[0, -1:] if T == 1 else ids[:, -1:].repeat(1, T)
 
-        def one(dec=dec, cache=cache, n=len(prompt)):
-            dec.step(ids[:, -1], cache)
+        def one(dec=dec, cache=cache, feed=feed, m=m, n=len(prompt)):
+            if dec is None:
+                m(feed if feed.dim() == 2 else feed[None], cache=cache)
+            else:
+                dec.step(feed, cache)
             cache.truncate(n)
         steps[name] = one
     st = time_interleaved(steps, warmup=3, repeats=31)
-    c = median(st["draft"]) / median(st["target"])
+    t_step = median(st["target"])
+    c = median(st["draft"]) / t_step
     base = median(times["target"])
     rows = []
-    for name in fns:
-        if name == "target":
-            continue
-        out, stats = runs[name]
-        k = max(ks) if name == "lookup" else int(name[2:])
-        rows.append({"drafter": "prompt-lookup" if name == "lookup" else "draft-model", "k": k,
-                     "alpha": stats.alpha, "tokens_per_step": stats.tokens_per_step,
+    for k in ks:
+        out, stats = runs[f"k={k}"]
+        v = median(st[f"verify {k}"]) / t_step
+        rows.append({"drafter": "draft-model", "k": k, "alpha": stats.alpha,
+                     "tokens_per_step": stats.tokens_per_step,
                      "predicted_tokens_per_step": expected_tokens_per_step(stats.alpha, k),
-                     "speedup": base / median(times[name]), "exact_greedy": out == expect})
-    model_rows = [r for r in rows if r["drafter"] == "draft-model"]
-    best = max(model_rows, key=lambda r: r["speedup"])
-    return {**best, "c": c, "new_tokens": new_tokens, "prompt_tokens": len(prompt),
-            "target_tok_s": new_tokens / base, "threads": torch.get_num_threads(),
-            "exact_greedy": all(r["exact_greedy"] for r in rows), "runs": rows}
+                     "verify_cost": v,
+                     "predicted_speedup": expected_speedup(stats.alpha, k, c, v),
+                     "speedup": base / median(times[f"k={k}"]),
+                     "target_calls": stats.steps + (len(prompt) > 1),
+                     "exact_greedy": out == expect[""]})
+    best = max(rows, key=lambda r: r["speedup"])
+    result = {**best, "c": c, "new_tokens": new_tokens, "prompt_tokens": len(prompt),
+              "target_tok_s": new_tokens / base, "threads": torch.get_num_threads(),
+              "scorer": scorer.layout if scorer is not None else "forward"}
+    if lookup_prompt is not None:
+        out, stats = runs["lookup"]
+        rows.append({"drafter": "prompt-lookup", "k": lookup_k, "alpha": stats.alpha,
+                     "tokens_per_step": stats.tokens_per_step,
+                     "predicted_tokens_per_step": expected_tokens_per_step(stats.alpha, lookup_k),
+                     "speedup": median(times["lookup target"]) / median(times["lookup"]),
+                     "target_calls": stats.steps + (len(lookup_prompt) > 1),
+                     "prompt_tokens": len(lookup_prompt), "exact_greedy": out == expect["lookup "]})
+    result["exact_greedy"] = all(r["exact_greedy"] for r in rows)
+    result["runs"] = rows
+    return result

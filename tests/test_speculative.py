@@ -1,16 +1,22 @@
-"""Speculative sampling: exactness (statistical and greedy), cache roll-back, drafters."""
+"""Speculative sampling: exactness (statistical and greedy), cache roll-back, drafters, formulas.
+
+Notation as in minillm/speculative.py: q = the target's distribution, p = the draft's."""
 import pytest
 import torch
 
 import minillm
 import minillm.speculative as spec
 from minillm.config import ModelConfig
+from minillm.fast_decode import PackedDecoder, onednn_available
 from minillm.generate import generate_cached
+from minillm.kvcache import KVCache
 from minillm.model import Transformer
 from minillm.sampling import SamplingParams
-from minillm.speculative import (ModelDrafter, PromptLookupDrafter, expected_speedup,
-                                 expected_tokens_per_step, residual_distribution,
-                                 speculative_generate, verify)
+from minillm.speculative import (ModelDrafter, PromptLookupDrafter, SpecStats, expected_speedup,
+                                 expected_tokens_per_step, prompt_lookup, residual_distribution,
+                                 speculative_generate, verify, verify_greedy)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # chi-square critical value for 4 degrees of freedom at p = 0.001
 CHI2_4DF_P001 = 18.47
@@ -21,38 +27,69 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-def first_token_counts(p, q, n, seed=0, k=2):
-    """Emit the first token of a speculative step n times (draft tokens drawn from q)."""
+def first_token_counts(q, p, n, seed=0, k=2):
+    """Emit the first token of a speculative step n times (draft tokens drawn from p)."""
     g = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(p.shape[-1])
+    counts = torch.zeros(q.shape[-1])
     for _ in range(n):
-        draft = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(k)]
-        accepted, nxt = verify(p, q, draft, g)
+        draft = [int(torch.multinomial(p[i], 1, generator=g)) for i in range(k)]
+        accepted, nxt = verify(q, p, draft, g)
         counts[draft[0] if accepted > 0 else nxt] += 1
     return counts
 
 
-P = torch.tensor([[0.40, 0.30, 0.15, 0.10, 0.05]] * 3)
-Q = torch.tensor([[0.05, 0.10, 0.15, 0.30, 0.40], [0.2] * 5])
+Q = torch.tensor([[0.40, 0.30, 0.15, 0.10, 0.05]] * 3)          # target
+P = torch.tensor([[0.05, 0.10, 0.15, 0.30, 0.40], [0.2] * 5])    # draft
 
 
 def test_verify_reproduces_the_target_distribution():
-    counts = first_token_counts(P, Q, 6000)
-    assert chi_square(counts, P[0]) < CHI2_4DF_P001, counts
+    counts = first_token_counts(Q, P, 6000)
+    assert chi_square(counts, Q[0]) < CHI2_4DF_P001, counts
 
 
-def test_a_wrong_residual_is_caught(monkeypatch):
-    """Resampling from p itself (instead of max(0, p - q)) over-weights what the draft liked;
-    the same test must reject it, else it proves nothing."""
-    monkeypatch.setattr(spec, "residual_distribution", lambda p, q: p)
-    counts = first_token_counts(P, Q, 6000)
-    assert chi_square(counts, P[0]) > 5 * CHI2_4DF_P001
+@pytest.mark.parametrize("wrong", [
+    lambda q, p: q,                                               # resample from q itself
+    lambda q, p: (p - q).clamp(min=0) / (p - q).clamp(min=0).sum(-1, keepdim=True),  # p - q
+])
+def test_a_wrong_residual_is_caught(monkeypatch, wrong):
+    """Resampling from q itself, or from normalize(max(0, p - q)) (the order swapped), skews the
+    output; the same test must reject both, else it proves nothing."""
+    monkeypatch.setattr(spec, "residual_distribution", wrong)
+    counts = first_token_counts(Q, P, 6000)
+    assert chi_square(counts, Q[0]) > 5 * CHI2_4DF_P001
 
 
 def test_residual_formula():
-    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.5, 0.3])
-    torch.testing.assert_close(residual_distribution(p, q), torch.tensor([1.0, 0.0, 0.0]))
-    torch.testing.assert_close(residual_distribution(p, p), p)
+    q, p = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.5, 0.3])
+    torch.testing.assert_close(residual_distribution(q, p), torch.tensor([1.0, 0.0, 0.0]))
+    torch.testing.assert_close(residual_distribution(q, q), q)
+    batch = residual_distribution(Q[:2], P)                      # rows are independent
+    torch.testing.assert_close(batch[1], residual_distribution(Q[1], P[1]))
+    torch.testing.assert_close(batch.sum(-1), torch.ones(2))
+
+
+def test_verify_deterministic_cases():
+    g = torch.Generator().manual_seed(0)
+    onehot = torch.eye(5)
+    # the draft proposes what the target is sure of: all accepted, bonus from q[k]
+    assert verify(onehot[[1, 2, 3]], onehot[[1, 2]], [1, 2], g) == (2, 3)
+    # the target gives the 2nd draft token probability 0: rejected there, resampled from q
+    assert verify(onehot[[1, 4, 3]], onehot[[1, 2]], [1, 2], g) == (1, 4)
+    assert verify_greedy([1, 4, 3], [1, 2]) == (1, 4)
+    assert verify_greedy([1, 2, 3], [1, 2]) == (2, 3)
+    assert verify_greedy([7], []) == (0, 7)
+
+
+def test_accepted_count_follows_the_acceptance_probabilities():
+    """P(n >= i) = prod_{j<i} beta_j with beta_j = sum_x min(q_j(x), p_j(x))."""
+    g = torch.Generator().manual_seed(1)
+    beta = torch.minimum(Q[:2], P).sum(-1)                           # 0.45, 0.80
+    n_trials, ns = 4000, torch.zeros(3)
+    for _ in range(n_trials):
+        draft = [int(torch.multinomial(P[i], 1, generator=g)) for i in range(2)]
+        ns[verify(Q, P, draft, g)[0]] += 1
+    expect = torch.tensor([1 - beta[0], beta[0] * (1 - beta[1]), beta[0] * beta[1]])
+    assert chi_square(ns, expect) < 13.8                         # 2 dof, p = 0.001
 
 
 def tiny(seed, layers=1):
@@ -66,8 +103,8 @@ def test_two_token_sequences_follow_the_target_distribution():
     """End to end with real (tiny, vocab 5) models: the distribution over the 25 possible
     two-token continuations equals the target's, computed exactly by enumeration."""
     target, draft = tiny(1), tiny(2)
-    for p in target.parameters():            # sharpen the target so it differs from the draft
-        p.mul_(3.0)
+    for w in target.parameters():            # sharpen the target so it differs from the draft
+        w.mul_(3.0)
     prompt = [1, 3]
     first = torch.softmax(target(torch.tensor([prompt]))[0, -1], -1)
     exact = torch.zeros(25)
@@ -77,8 +114,9 @@ def test_two_token_sequences_follow_the_target_distribution():
     g = torch.Generator().manual_seed(0)
     counts = torch.zeros(25)
     params = SamplingParams(temperature=1.0, max_new_tokens=2)
+    drafter, scorer = ModelDrafter(draft), spec.default_scorer(target)
     for _ in range(3000):
-        out, _ = speculative_generate(target, ModelDrafter(draft), prompt, 3, params, g)
+        out, _ = speculative_generate(target, drafter, prompt, 3, params, g, scorer=scorer)
         counts[out[0] * 5 + out[1]] += 1
     keep = exact * 3000 >= 5                         # chi-square needs expected counts >= 5
     c, e = counts[keep], exact[keep]
@@ -95,8 +133,20 @@ def test_expected_tokens_formula():
     assert expected_tokens_per_step(1.0, 4) == 5.0
     assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
     assert expected_speedup(0.8, 4, 0.0) == pytest.approx(expected_tokens_per_step(0.8, 4))
+    assert expected_speedup(0.5, 2, 0.1, verify_cost=1.5) == pytest.approx(1.75 / 1.7)
     with pytest.raises(ValueError):
         expected_tokens_per_step(1.5, 2)
+    with pytest.raises(ValueError):
+        expected_speedup(0.5, 2, 0.1, verify_cost=0)
+
+
+def test_alpha_counts_only_judged_drafts():
+    """Two steps of k = 4: [accept 1, reject] and [accept all 4]: 5 accepted of 6 judged (the 2
+    drafts after the rejection were never judged), 7 tokens in 2 passes."""
+    s = SpecStats(steps=2, proposed=8, accepted=5, rejected=1, accepted_per_step=[1, 4])
+    assert s.alpha == pytest.approx(5 / 6)
+    assert s.tokens_per_step == pytest.approx(3.5)
+    assert SpecStats().alpha == 0.0 and SpecStats().tokens_per_step == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +163,34 @@ def test_greedy_is_token_identical_to_the_target(shipped, k):
     out, stats = speculative_generate(target, ModelDrafter(draft), prompt, k, params)
     assert out == expect
     assert 0 < stats.alpha < 1 and stats.steps < 60            # it did skip target steps
+    assert stats.accepted + stats.steps >= 60 and stats.rejected <= stats.steps
     out2, _ = speculative_generate(target, PromptLookupDrafter(target.config.vocab_size), prompt,
                                    k, params)
     assert out2 == expect
+
+
+class CheckedDrafter(ModelDrafter):
+    """A ModelDrafter whose every greedy proposal is compared with the draft model's greedy
+    continuation of the same context computed from scratch: a cache that keeps a rejected
+    position, or misses one, proposes something else."""
+
+    def propose(self, context, k, params, generator=None):
+        tokens, p = super().propose(context, k, params, generator)
+        fresh = generate_cached(self.model, context, SamplingParams(temperature=0,
+                                                                    max_new_tokens=k))[0]
+        torch.testing.assert_close(torch.tensor(tokens), torch.tensor(fresh), atol=0, rtol=0)
+        self.checked = getattr(self, "checked", 0) + 1
+        return tokens, p
+
+
+def test_draft_cache_rolls_back_exactly(shipped):
+    target, draft, tok = shipped
+    drafter = CheckedDrafter(draft)
+    prompt = tok.encode("ROMEO.\n")
+    out, stats = speculative_generate(target, drafter, prompt, 3,
+                                      SamplingParams(temperature=0, max_new_tokens=40))
+    assert stats.steps - 1 <= drafter.checked <= stats.steps     # (the last step may not draft)
+    assert stats.rejected > 0 and max(stats.accepted_per_step) == 3   # both kinds of step
 
 
 def test_stop_tokens_and_budget(shipped):
@@ -132,9 +207,27 @@ def test_stop_tokens_and_budget(shipped):
 
 
 def test_prompt_lookup_finds_the_latest_match():
-    d = PromptLookupDrafter(100, ngram=2)
-    assert d.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]
-    assert d.lookup([7, 8, 9], 3) == []
+    assert prompt_lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3, ngram=2) == [4, 5, 1]
+    assert prompt_lookup([7, 8, 9], 3) == []
+    assert prompt_lookup([5, 6, 7, 5, 6], 4) == [7, 5, 6]          # shorter n-gram, cut at end
+    assert prompt_lookup([1, 2, 3, 4, 9, 3, 4], 2, ngram=3) == [9, 3]
+    assert PromptLookupDrafter(100, ngram=2).lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]
+    with pytest.raises(ValueError, match="ngram"):
+        prompt_lookup([1, 2], 2, ngram=0)
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear ops")
+def test_onednn_scorer_matches_the_model():
+    torch.manual_seed(3)
+    m = Transformer(ModelConfig(vocab_size=61, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                hidden_dim=48, max_seq_len=32, qkv_bias=True)).eval()
+    ids = torch.randint(0, 61, (2, 15), generator=torch.Generator().manual_seed(7))
+    dec, cache = PackedDecoder(m, "onednn"), KVCache.for_model(m, 2, 15)
+    with torch.no_grad():
+        m(ids[:, :6], cache=cache)
+        got = torch.cat([dec.step(ids[:, 6:11], cache), dec.step(ids[:, 11:], cache)], 1)
+        ref = m(ids)[:, 6:]
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_bad_arguments(shipped):
@@ -143,3 +236,5 @@ def test_bad_arguments(shipped):
         speculative_generate(target, ModelDrafter(draft), [1, 2], 0)
     with pytest.raises(ValueError, match="one sequence"):
         speculative_generate(target, ModelDrafter(draft), [[1, 2], [3, 4]], 2)
+    with pytest.raises(ValueError, match="layout"):
+        PackedDecoder(target, layout="sideways")
