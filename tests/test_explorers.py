@@ -248,3 +248,41 @@ def test_readout_numbers_are_plain_text_parsable(ex):
     text = re.sub(r"<[^>]+>", "", ex.readout.value)
     assert re.search(r"latency: 23\.42 ms per token", text)
     assert re.search(r"memory: 78\.5 GB of 80 GB", text)
+
+
+# ---- lab 05: the speculative-sampling explorer ------------------------------------------------
+
+def test_speculative_explorer_follows_the_formulas():
+    from minillm import speculative as spec
+    from minillm.explorers import SPEC_PLOT_CLASS, SPEC_READOUT_CLASS, speculative_explorer
+    ex = speculative_explorer(alpha=0.7, k=4, c=0.1)
+    assert SPEC_READOUT_CLASS in ex.readout._dom_classes and SPEC_PLOT_CLASS in ex.plot._dom_classes
+    s = ex.state
+    assert s["tokens_per_step"] == pytest.approx((1 - 0.7 ** 5) / 0.3)
+    assert s["speedup"] == pytest.approx(s["tokens_per_step"] / (4 * 0.1 + 1))
+    assert s["curves"]["k"][0] == 1 and len(s["curves"]["k"]) == ex.controls["k"].max
+    assert f"{s['speedup']:.2f}&times;" in ex.readout.value
+    before_png, before_html = ex.state["png"], ex.readout.value
+    for name, value in [("alpha", 0.9), ("k", 6), ("c", 0.3), ("beta", 0.25)]:
+        ex.controls[name].value = value                        # each slider redraws
+        assert ex.state["png"] != before_png and ex.readout.value != before_html
+        before_png, before_html = ex.state["png"], ex.readout.value
+    s = ex.state
+    assert s["speedup"] == pytest.approx(spec.expected_speedup(0.9, 6, 0.3, 1 + 0.25 * 6))
+    best = max(range(1, ex.controls["k"].max + 1),
+               key=lambda k: spec.expected_speedup(0.9, k, 0.3, 1 + 0.25 * k))
+    assert s["best_k"] == best and f"<b>{best}</b>" in ex.readout.value
+
+
+def test_speculative_explorer_set_and_measured_points():
+    from minillm.explorers import speculative_explorer
+    ex = speculative_explorer(measured={"k": 3, "tokens_per_step": 2.3, "speedup": 1.1})
+    assert ex.state["measured"] == [{"k": 3, "tokens_per_step": 2.3, "speedup": 1.1}]
+    st = ex.set(alpha=0.0, k=2, c=0.0, beta=0.0)
+    assert st["tokens_per_step"] == 1.0 and st["speedup"] == 1.0 and st["best_k"] == 1
+    with pytest.raises(ValueError, match="unknown controls"):
+        ex.set(gamma=1)
+    with pytest.raises(ValueError, match="measured point"):
+        speculative_explorer(measured=[{"speedup": 2.0}])
+    big = speculative_explorer(k=3, measured=[{"k": 20, "speedup": 1.0}])
+    assert big.controls["k"].max == 20                         # the slider reaches every point
