@@ -11,6 +11,9 @@ Every lab uses this one class. Later labs change *how keys and values are stored
 where ``k``/``v`` are the new keys/values [B, K, T, H] at ``positions`` and the return values are
 every key/value the layer may attend to, with the position of each key. The attention mask is
 derived from positions alone: query at position p sees keys at positions <= p.
+A cache that also has ``attention(layer_idx, q, k, v, positions, window) -> out [B, N, T, H]``
+stores the new keys/values and attends by itself instead (the serving engine's paged cache, whose
+"batch" is many sequences of different lengths flattened into one row; minillm/serving).
 
 Module and parameter names follow Hugging Face's Llama layout (``embed_tokens``, ``self_attn.q_proj``,
 ``mlp.gate_proj`` ...) so real checkpoints load with a one-line key mapping (see weights.py).
@@ -94,11 +97,15 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)      # [B, heads, T, H]
 
-        if cache is not None:
-            k, v, k_pos = cache.update(self.layer_idx, k, v, positions)
+        if cache is not None and hasattr(cache, "attention"):
+            # the cache stores k/v AND attends itself (serving: paged KV, ragged batches)
+            out = cache.attention(self.layer_idx, q, k, v, positions, self.window)
         else:
-            k_pos = positions           # None: plain causal prefill
-        out = attend(q, k, v, positions, k_pos, self.window)
+            if cache is not None:
+                k, v, k_pos = cache.update(self.layer_idx, k, v, positions)
+            else:
+                k_pos = positions           # None: plain causal prefill
+            out = attend(q, k, v, positions, k_pos, self.window)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

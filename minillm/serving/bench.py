@@ -1,0 +1,107 @@
+"""Replay a trace through a server and compare static with continuous batching (lab 06).
+
+    minillm bench batching --json
+
+`replay` feeds a trace's requests to a server (LLMEngine or StaticBatchServer) as their arrival
+times come, calling step() in between. Time is the wall clock, except that while the server has
+nothing to do it jumps straight to the next arrival instead of sleeping (`SkipClock`): the
+measured figures are those of a server that was idle then, and a bench run takes only the time
+the model actually computes.
+
+Both servers get the same trace, the same batch limit and the same model, in one process, one
+after the other; `speedup` is continuous throughput / static throughput.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .engine import LLMEngine
+from .metrics import summarize
+from .static_batching import StaticBatchServer
+from .trace import make_trace, trace_summary
+
+
+class SkipClock:
+    """perf_counter since start, plus every idle gap skipped with advance_to()."""
+
+    def __init__(self):
+        self.t0, self.skipped = time.perf_counter(), 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.t0 + self.skipped
+
+    def advance_to(self, t: float) -> None:
+        now = self()
+        if t > now:
+            self.skipped += t - now
+
+
+def replay(server, trace, clock: SkipClock, max_steps: int | None = None) -> int:
+    """Serve every request of `trace` (sorted by arrival) on `server`; returns the step count."""
+    pending = sorted(trace, key=lambda r: r.arrival_time)
+    i, steps = 0, 0
+    while i < len(pending) or server.has_unfinished():
+        if not server.has_unfinished() and i < len(pending):
+            clock.advance_to(pending[i].arrival_time)            # idle: skip to the next arrival
+        now = clock()
+        while i < len(pending) and pending[i].arrival_time <= now:
+            r = pending[i]
+            server.add_request(list(r.prompt_ids), r.params(), arrival_time=r.arrival_time)
+            i += 1
+        server.step()
+        steps += 1
+        if max_steps is not None and steps >= max_steps:
+            raise RuntimeError(f"the server did not finish the trace in {max_steps} steps")
+    return steps
+
+
+def serve(kind: str, model, trace, max_batch: int, **engine_kw):
+    clock = SkipClock()
+    if kind == "static":
+        server = StaticBatchServer(model, max_batch=max_batch, clock=clock)
+    else:
+        server = LLMEngine(model, max_num_seqs=max_batch, clock=clock, **engine_kw)
+    replay(server, trace, clock)
+    return server
+
+
+def bench_batching(model, *, num_requests: int = 96, rate: float = 200.0, seed: int = 0,
+                   max_batch: int = 16, block_size: int = 16, threads: int | None = 1,
+                   trace_kw: dict | None = None) -> dict:
+    """Static vs continuous batching on one seeded trace; a dict of figures."""
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        trace = make_trace(num_requests, rate, seed, vocab_size=model.config.vocab_size,
+                           max_seq_len=model.config.max_seq_len, **(trace_kw or {}))
+        warm = LLMEngine(model, max_num_seqs=2, block_size=block_size)   # warm-up, untimed
+        warm.generate([list(trace[0].prompt_ids)], trace[0].params())
+        static = serve("static", model, trace, max_batch)
+        cont = serve("continuous", model, trace, max_batch, block_size=block_size)
+    finally:
+        torch.set_num_threads(old_threads)
+    s, c = summarize(static.all_sequences()), summarize(cont.all_sequences())
+    leaked = cont.bm.num_used_blocks
+    same = [a.output_ids for a in static.all_sequences()] == \
+           [b.output_ids for b in cont.all_sequences()]
+    return {
+        "requests": len(trace), "completed": c["completed"],
+        "static_completed": s["completed"],
+        "static_tok_s": s["throughput_tok_s"], "continuous_tok_s": c["throughput_tok_s"],
+        "speedup": c["throughput_tok_s"] / s["throughput_tok_s"],
+        "static_ttft_p50_s": s["ttft_p50_s"], "continuous_ttft_p50_s": c["ttft_p50_s"],
+        "static_ttft_p99_s": s["ttft_p99_s"], "continuous_ttft_p99_s": c["ttft_p99_s"],
+        "static_tpot_p50_s": s["tpot_p50_s"], "continuous_tpot_p50_s": c["tpot_p50_s"],
+        "static_e2e_p50_s": s["e2e_p50_s"], "continuous_e2e_p50_s": c["e2e_p50_s"],
+        "static_makespan_s": s["makespan_s"], "continuous_makespan_s": c["makespan_s"],
+        "static_steps": len(static.steps), "continuous_steps": len(cont.steps),
+        "static_token_slots": static.token_slots, "static_useful_tokens": static.useful_tokens,
+        "continuous_tokens_run": cont.runner.tokens_run,
+        "output_tokens": c["output_tokens"], "same_outputs": same,
+        "preemptions": cont.scheduler.num_preemptions, "leaked_blocks": leaked,
+        "max_batch": max_batch, "rate": rate, "seed": seed, "threads": threads,
+        "trace": trace_summary(trace),
+    }

@@ -1,0 +1,165 @@
+"""`LLMEngine`: scheduler + block manager + model runner, behind two small APIs.
+
+    engine = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=16)
+    outs = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=20, seed=0))
+
+    rid = engine.add_request(prompt_ids, params, arrival_time=t)    # the step API
+    while engine.has_unfinished():
+        finished = engine.step()        # one iteration: schedule, one forward pass, sample
+
+Each step schedules a ragged batch (decodes + admitted prefills), runs it through the model in
+one call, samples one token per sequence and retires finished sequences, freeing their KV blocks
+at once for the queue. Outputs equal `minillm.generate.generate_cached` run on each request
+alone with the same SamplingParams: each request samples with its own seeded generator, so who
+shares its batch does not matter (up to float rounding of the differently shaped matmuls).
+
+Parallel sampling: `add_request(..., n=3)` prefills the prompt once and forks 3 sequences that
+share its KV blocks (copy-on-write); sample i is seeded with params.seed + i.
+
+`engine.steps` records, per step, which request ran how many tokens (the lab 06 timeline), and
+the sequences keep their arrival / first-token / finish times (metrics.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling import SamplingParams
+from .block_manager import BlockManager
+from .model_runner import ModelRunner
+from .scheduler import Scheduler
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class StepRecord:
+    step: int
+    start: float
+    end: float
+    runs: list[tuple[int, int, int]] = field(default_factory=list)  # (request, seq, new tokens)
+    num_preempted: int = 0
+
+
+class LLMEngine:
+    def __init__(self, model, *, num_blocks: int | None = None, block_size: int = 16,
+                 max_num_seqs: int = 16, max_num_batched_tokens: int | None = None,
+                 enable_prefix_caching: bool = True, backend: str = "auto", clock=None):
+        ctx = model.config.max_seq_len
+        if num_blocks is None:              # enough that max_num_seqs full contexts never evict
+            num_blocks = max_num_seqs * -(-ctx // block_size)
+        self.model = model
+        self.max_seq_len = ctx
+        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.bm, max_num_seqs, max_num_batched_tokens or max(2048, ctx))
+        self.runner = ModelRunner(model, self.bm, backend)
+        self.clock = clock or time.perf_counter
+        self.device = self.runner.device
+        self.sequences: dict[int, list[Sequence]] = {}     # request id -> its sequence(s)
+        self.steps: list[StepRecord] = []
+        self._pending_forks: dict[int, list[Sequence]] = {}  # parent seq id -> children
+        self._next_seq = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+    def _new_seq(self, prompt, params, arrival, request_id, seed) -> Sequence:
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+        s = Sequence(self._next_seq, list(prompt), len(prompt), params, arrival, request_id, gen)
+        self._next_seq += 1
+        return s
+
+    def add_request(self, prompt, params: SamplingParams | None = None, *,
+                    arrival_time: float | None = None, n: int = 1) -> int:
+        """Queue one prompt (a list of token ids); returns its request id."""
+        params = params or SamplingParams()
+        prompt = [int(t) for t in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
+        V = self.model.config.vocab_size
+        if int(n) != n or n < 1:
+            raise ValueError(f"n (samples per prompt) must be an integer >= 1, got {n}")
+        if not prompt:
+            raise ValueError("the prompt is empty: need at least one token id")
+        if min(prompt) < 0 or max(prompt) >= V:
+            raise ValueError(f"token ids must be in [0, {V}), got {min(prompt)}..{max(prompt)}")
+        if len(prompt) + params.max_new_tokens > self.max_seq_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens "
+                             f"({params.max_new_tokens}) exceeds the model's context of "
+                             f"{self.max_seq_len} tokens")
+        need = self.bm.blocks_needed(len(prompt) + params.max_new_tokens)
+        if need > self.bm.num_blocks:
+            raise ValueError(f"this request needs {need} KV blocks of {self.bm.block_size} "
+                             f"tokens but the engine has only {self.bm.num_blocks}: it could "
+                             f"never run")
+        if params.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1 for the engine")
+        rid = len(self.sequences)
+        now = self.clock() if arrival_time is None else arrival_time
+        seed = params.seed
+        parent = self._new_seq(prompt, params, now, rid, seed)
+        kids = [self._new_seq(prompt, params, now, rid, None if seed is None else seed + i)
+                for i in range(1, int(n))]
+        self.sequences[rid] = [parent, *kids]
+        if kids:
+            self._pending_forks[parent.seq_id] = kids
+        self.scheduler.add(parent)
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one iteration ----------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Schedule, run one forward pass, sample; returns the sequences that finished."""
+        start = self.clock()
+        batch = self.scheduler.schedule(start)
+        if not batch.seqs:
+            return []
+        new_tokens = [s.num_uncached_tokens for s in batch.seqs]
+        logits = self.runner.run(batch.seqs, batch.copies)
+        for s in batch.seqs:
+            s.num_cached_tokens = s.num_tokens          # the pass stored every token's K/V
+        seqs, rows = list(batch.seqs), list(range(len(batch.seqs)))
+        for i, s in enumerate(batch.seqs):            # parallel sampling: fork after prefill
+            for kid in self._pending_forks.pop(s.seq_id, ()):
+                kid.token_ids = list(s.token_ids)
+                self.bm.fork(s, kid)                    # shares every block, ref counts + 1
+                kid.status = SequenceStatus.RUNNING
+                kid.first_scheduled_time = s.first_scheduled_time
+                self.scheduler.running.append(kid)
+                seqs.append(kid)
+                rows.append(i)                          # samples from the parent's logits
+                new_tokens.append(0)
+        tokens = self.runner.sample(seqs, logits[rows])
+        end = self.clock()
+        record = StepRecord(len(self.steps), start, end, num_preempted=len(batch.preempted))
+        finished = []
+        for s, tok, n in zip(seqs, tokens, new_tokens):
+            record.runs.append((s.request_id, s.seq_id, n))
+            s.append_token(tok, end)
+            if s.wants_to_stop:
+                s.finish_time = end
+                self.scheduler.finish(s)
+                finished.append(s)
+        self.steps.append(record)
+        return finished
+
+    # ---- offline use ------------------------------------------------------------------------
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[list[int]]:
+        """New token ids for each prompt (a list of token-id lists), served together."""
+        if not isinstance(params, (list, tuple)):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        rids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        while self.has_unfinished():
+            self.step()
+        return [self.sequences[r][0].output_ids for r in rids]
+
+    def outputs(self, request_id: int) -> list[list[int]]:
+        """Generated token ids of every sample of a request."""
+        return [s.output_ids for s in self.sequences[request_id]]
+
+    def all_sequences(self) -> list[Sequence]:
+        return [s for seqs in self.sequences.values() for s in seqs]

@@ -1,0 +1,96 @@
+"""Selective batching: run a ragged batch of sequences through the one model in one call.
+
+Orca's observation: in a step where sequence A brings 7 new tokens (its prompt), B one (a
+decode) and C 3, the dense layers do not care which token belongs to whom. So instead of padding
+to a [3, 7] rectangle, the runner concatenates the new tokens into one row
+
+    ids       [1, 7 + 1 + 3]    positions  [7 + 1 + 3]   (each token's own position)
+
+and the projections and the MLP -- the bulk of the FLOPs -- run as one [11, D] matmul with no
+padding. Only attention needs to know the boundaries: `AttentionMetadata` tells the paged cache
+which rows belong to which sequence and where each one's keys and values live.
+
+The runner owns the KV storage (`PagedKVCache`) and the sampler; the scheduler decides which
+sequences run, the block manager where their tokens go.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..sampling import sample
+from .attention_backend import AttentionMetadata, PagedKVCache
+from .block_manager import BlockManager
+from .sequence import Sequence
+
+
+def flatten_batch(seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
+    """The new tokens of every sequence, concatenated: (ids, positions, query_lens)."""
+    ids, positions, lens = [], [], []
+    for s in seqs:
+        start = s.num_cached_tokens
+        ids.extend(s.token_ids[start:])
+        positions.extend(range(start, s.num_tokens))
+        lens.append(s.num_tokens - start)
+    return ids, positions, lens
+
+
+def last_rows(query_lens: list[int]) -> list[int]:
+    """Row of each sequence's last new token in the flattened batch (its next-token logits)."""
+    rows, acc = [], 0
+    for n in query_lens:
+        acc += n
+        rows.append(acc - 1)
+    return rows
+
+
+class ModelRunner:
+    def __init__(self, model, block_manager: BlockManager, backend: str = "auto"):
+        self.model, self.bm = model, block_manager
+        self.device = next(model.parameters()).device
+        self.kv = PagedKVCache.for_model(model, block_manager.num_blocks,
+                                         block_manager.block_size, backend)
+        self.tokens_run = 0          # tokens pushed through the model, ever (a work counter)
+        self.forward_calls = 0
+
+    @torch.no_grad()
+    def run(self, seqs: list[Sequence], copies=()) -> torch.Tensor:
+        """One forward pass over the uncached tokens of `seqs`: next-token logits [len(seqs), V].
+
+        `copies` are the copy-on-write block copies the scheduler asked for this step."""
+        if not seqs:
+            raise ValueError("run() needs at least one sequence")
+        self.kv.copy_blocks(copies)
+        ids, positions, lens = flatten_batch(seqs)
+        if min(lens) < 1:
+            bad = [s.seq_id for s, n in zip(seqs, lens) if n < 1]
+            raise ValueError(f"sequences {bad} have no uncached token to run")
+        slots = [slot for s in seqs
+                 for slot in self.bm.slot_mapping(s, range(s.num_cached_tokens, s.num_tokens))]
+        self.kv.meta = AttentionMetadata.build(
+            lens, [s.num_tokens for s in seqs], slots, [self.bm.block_table(s) for s in seqs],
+            self.bm.block_size, self.device, ragged_decode=self.kv.backend == "torch")
+        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        try:
+            logits = self.model(ids_t, pos_t, cache=self.kv)[0]             # [sum lens, V]
+        finally:
+            self.kv.meta = None
+        self.tokens_run += len(ids)
+        self.forward_calls += 1
+        return logits[last_rows(lens)]
+
+    @staticmethod
+    def sample(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """Each sequence draws with its own parameters and its own generator, so a seeded
+        request gets the same tokens whoever else shares the batch."""
+        greedy = [i for i, s in enumerate(seqs) if s.params.temperature == 0]
+        out = [0] * len(seqs)
+        if greedy:
+            for i, t in zip(greedy, logits[greedy].argmax(-1).tolist()):
+                out[i] = t
+        for i, s in enumerate(seqs):
+            p = s.params
+            if p.temperature != 0:
+                out[i] = int(sample(logits[i:i + 1], p.temperature, p.top_k, p.top_p,
+                                    s.generator)[0])
+        return out

@@ -1,0 +1,105 @@
+"""Iteration-level scheduling (Orca): decide, before EVERY step, who runs.
+
+Static batching fixes a batch, runs it until its longest member is done, and only then looks at
+the queue: short requests idle in their slots, new ones wait for the whole batch. Continuous
+batching hands control back to the scheduler after every decode step:
+
+    1. every running sequence gets room for its newest token (one KV slot); if the blocks run
+       out, the most recently admitted running sequence is *preempted*: its blocks are freed and
+       it goes back to the front of the queue, keeping its tokens (it will recompute them);
+    2. waiting sequences are admitted first-come first-served while there is a free batch slot
+       (max_num_seqs), room in the step's token budget (max_num_batched_tokens) and enough free
+       KV blocks for their tokens -- admission by free KV blocks, not by a worst-case reservation.
+
+The step then runs decodes (1 token each) and prefills (whole prompts) together in one ragged
+batch (see model_runner.py). Nothing is ever dropped: a request that could never fit is refused
+when it is added (engine.py), so a lone sequence always fits and the queue always drains.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)     # run this step, in this order
+    copies: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write block copies
+    preempted: list[Sequence] = field(default_factory=list)
+    num_prefill_seqs: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_uncached_tokens for s in self.seqs)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int = 16,
+                 max_num_batched_tokens: int = 2048):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, got "
+                             f"{max_num_seqs}, {max_num_batched_tokens}")
+        self.bm = block_manager
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []          # in order of admission (oldest first)
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.bm.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+
+    def schedule(self, now: float | None = None) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        # 1. decodes: room for every running sequence's newest token, preempting the newest
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            while not self.bm.can_append(seq):
+                victim = self.running.pop()                  # the most recently admitted
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                batch.copies += self.bm.append_slot(seq)
+                batch.seqs.append(seq)
+                i += 1
+        for seq in batch.preempted:          # back to the front of the queue, oldest first
+            self.waiting.appendleft(seq)
+        # 2. admissions: FIFO, while a slot, the token budget and the KV blocks allow
+        budget = self.max_num_batched_tokens - len(batch.seqs)
+        while self.waiting and not batch.preempted and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.num_tokens > budget and batch.seqs:
+                break
+            if not self.bm.can_allocate(seq):
+                break
+            self.bm.allocate(seq)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_prefill_seqs += 1
+            budget -= seq.num_uncached_tokens
+        return batch
+
+    def finish(self, seq: Sequence) -> None:
+        """A sequence is done: it leaves the batch and its blocks are freed."""
+        self.running.remove(seq)
+        self.bm.free(seq)
+        seq.status = SequenceStatus.FINISHED

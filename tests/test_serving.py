@@ -1,0 +1,299 @@
+"""The serving engine (labs 06/07): outputs equal the plain cached loop, preemption loses nothing,
+prefix sharing and forks share blocks, the lab 06 trace is served whole, static batching is a
+faithful baseline, metrics and the trace generator are right, bad input is refused."""
+import math
+
+import pytest
+import torch
+
+from minillm.config import ModelConfig
+from minillm.generate import generate_cached
+from minillm.model import Transformer
+from minillm.sampling import SamplingParams
+from minillm.serving import BlockManager, Sequence
+from minillm.serving.attention_backend import PagedKVCache, context_slots
+from minillm.serving.bench import SkipClock, replay
+from minillm.serving.engine import LLMEngine
+from minillm.serving.metrics import percentile, request_latencies, summarize, timeline
+from minillm.serving.model_runner import flatten_batch, last_rows
+from minillm.serving.static_batching import StaticBatchServer
+from minillm.serving.trace import (lognormal_lengths, make_trace, poisson_arrivals,
+                                   trace_summary)
+
+V = 61
+
+
+def tiny(max_seq_len=96, **kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=V, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48,
+               max_seq_len=max_seq_len)
+    cfg.update(kw)
+    return Transformer(ModelConfig(**cfg)).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny()
+
+
+def prompts(n, seed=0, lo=1, hi=30):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(0, V, (k,), generator=g).tolist() for k in lens]
+
+
+def reference(model, ps, params):
+    return [generate_cached(model, [p], sp)[0] for p, sp in zip(ps, params)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_engine_equals_the_cached_loop(model, temperature, one_thread):
+    ps = prompts(7)
+    params = [SamplingParams(temperature=temperature, top_k=20, max_new_tokens=5 + 4 * i,
+                             seed=10 + i) for i in range(7)]
+    eng = LLMEngine(model, block_size=4, max_num_seqs=3)
+    assert eng.generate(ps, params) == reference(model, ps, params)
+    assert eng.bm.num_free_blocks == eng.bm.num_blocks
+    eng.bm.check_invariants()
+
+
+def test_stop_ids_end_a_request_like_the_cached_loop(model):
+    free = generate_cached(model, [3, 4, 5], SamplingParams(temperature=0, max_new_tokens=20))[0]
+    p = SamplingParams(temperature=0, max_new_tokens=20, stop_ids=(free[6],))
+    eng = LLMEngine(model, block_size=4)
+    assert eng.generate([[3, 4, 5]], p) == [generate_cached(model, [3, 4, 5], p)[0]]
+    assert eng.sequences[0][0].finish_reason == "stop"
+
+
+def test_steps_mix_prefills_and_decodes_in_one_forward(model):
+    """Selective batching: one forward call per step, prefill and decode tokens together."""
+    eng = LLMEngine(model, block_size=4, max_num_seqs=4)
+    eng.add_request([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=6))
+    eng.step()                                              # prefill of request 0
+    eng.add_request([4, 5, 6, 7, 8], SamplingParams(temperature=0, max_new_tokens=6))
+    eng.step()                                              # decode 0 + prefill 1
+    assert eng.steps[1].runs == [(0, 0, 1), (1, 1, 5)]
+    assert eng.runner.forward_calls == 2 and eng.runner.tokens_run == 3 + 1 + 5
+
+
+def test_flatten_batch_and_last_rows():
+    a, b = Sequence(0, [1, 2, 3, 4], 4), Sequence(1, [5, 6, 7], 2)
+    b.num_cached_tokens = 2
+    ids, pos, lens = flatten_batch([a, b])
+    assert ids == [1, 2, 3, 4, 7] and pos == [0, 1, 2, 3, 2] and lens == [4, 1]
+    assert last_rows(lens) == [3, 4]
+
+
+def test_preemption_under_a_tiny_block_budget_loses_nothing(model, one_thread):
+    ps = prompts(8, seed=3, lo=5, hi=20)
+    params = [SamplingParams(temperature=0.8, max_new_tokens=30, seed=i) for i in range(8)]
+    eng = LLMEngine(model, num_blocks=14, block_size=4, max_num_seqs=8)
+    out = eng.generate(ps, params)
+    assert eng.scheduler.num_preemptions > 0
+    assert out == reference(model, ps, params)
+    assert all(len(o) == 30 for o in out)
+    assert eng.bm.num_free_blocks == eng.bm.num_blocks
+    eng.bm.check_invariants()
+
+
+def test_prefix_caching_skips_the_shared_system_prompt(model):
+    system = list(range(1, 25))                              # 6 full blocks of 4
+    ps = [system + [30 + i, 31] for i in range(4)]
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    runs = {}
+    for caching in (False, True):
+        eng = LLMEngine(model, block_size=4, max_num_seqs=1, enable_prefix_caching=caching)
+        out = eng.generate(ps, params)
+        assert out == reference(model, ps, [params] * 4)
+        runs[caching] = eng.runner.tokens_run
+        if caching:
+            assert eng.bm.num_prefix_hits == 3 * 6           # requests 2..4 reuse 6 blocks
+    assert runs[False] - runs[True] == 3 * 24
+
+
+def test_parallel_sampling_forks_and_copies_on_write(model):
+    p = SamplingParams(temperature=1.0, max_new_tokens=12, seed=5)
+    prompt = list(range(1, 11))                              # 10 tokens: last block partial
+    eng = LLMEngine(model, block_size=4)
+    rid = eng.add_request(prompt, p, n=3)
+    eng.step()                                               # prefill once, fork, sample x3
+    tables = [eng.bm.block_table(s) for s in eng.sequences[rid]]
+    assert tables[0] == tables[1] == tables[2]
+    assert [eng.bm.blocks[b].ref_count for b in tables[0]] == [3, 3, 3]
+    eng.step()                                               # two of the three copy the block
+    tables = [eng.bm.block_table(s) for s in eng.sequences[rid]]
+    assert tables[0][:2] == tables[1][:2] == tables[2][:2]
+    assert len({t[2] for t in tables}) == 3
+    while eng.has_unfinished():
+        eng.step()
+    want = [generate_cached(model, [prompt], SamplingParams(temperature=1.0, max_new_tokens=12,
+                                                            seed=5 + i))[0] for i in range(3)]
+    assert eng.outputs(rid) == want
+    assert eng.runner.tokens_run == 10 + 3 * 11             # the prompt ran once
+    assert eng.bm.num_free_blocks == eng.bm.num_blocks
+
+
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+def test_attention_backends_agree(model, backend):
+    if backend == "reference":
+        pytest.importorskip("kernels.paged_attention_ref")
+    ps = prompts(5, seed=7)
+    params = [SamplingParams(temperature=0, max_new_tokens=10)] * 5
+    eng = LLMEngine(model, block_size=4, max_num_seqs=3, backend=backend)
+    assert eng.generate(ps, params) == reference(model, ps, params)
+
+
+def test_context_slots_follow_the_block_tables():
+    tables = torch.tensor([[3, 1, 0], [2, 0, 0]], dtype=torch.int32)
+    slots = context_slots(tables, torch.tensor([6, 2]), 4)
+    assert slots.tolist() == [12, 13, 14, 15, 4, 5, 8, 9]
+
+
+def test_paged_cache_refuses_models_it_cannot_store():
+    m = tiny()
+    m.layers[0].self_attn.window = 8
+    with pytest.raises(ValueError, match="sliding"):
+        PagedKVCache.for_model(m, 4, 4, backend="torch")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        PagedKVCache.for_model(tiny(), 4, 4, backend="cuda-magic")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            PagedKVCache.for_model(tiny(), 4, 4, backend="triton")
+
+
+# ---- the lab 06 workload --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ctx_model():
+    return tiny(max_seq_len=512)
+
+
+def test_lab06_trace_is_served_whole_by_both_servers(ctx_model, one_thread):
+    trace = make_trace(40, rate=200.0, seed=1, vocab_size=V, prompt_max=128, output_max=128)
+    served = {}
+    for kind in ("static", "continuous"):
+        clock = SkipClock()
+        if kind == "static":
+            server = StaticBatchServer(ctx_model, max_batch=8, clock=clock)
+        else:                                   # a tight KV budget: preemptions must happen
+            server = LLMEngine(ctx_model, num_blocks=24, block_size=16, max_num_seqs=8,
+                               clock=clock)
+        replay(server, trace, clock)
+        seqs = server.all_sequences()
+        assert len(seqs) == 40 and all(s.is_finished for s in seqs)
+        assert [s.num_output_tokens for s in seqs] == [r.max_new_tokens for r in trace]
+        m = summarize(seqs)
+        assert m["completed"] == m["requests"] == 40
+        assert m["output_tokens"] == trace_summary(trace)["output_tokens"]
+        served[kind] = server
+    eng = served["continuous"]
+    assert eng.scheduler.num_preemptions > 0
+    assert eng.bm.num_used_blocks == 0
+    eng.bm.check_invariants()
+    static_out = [s.output_ids for s in served["static"].all_sequences()]
+    assert static_out == [s.output_ids for s in eng.all_sequences()]        # same greedy tokens
+
+
+def test_static_batching_counts_its_padded_slots_exactly(model):
+    srv = StaticBatchServer(model, max_batch=3)
+    lens, outs = [2, 7, 4], [3, 9, 1]
+    for k, o in zip(lens, outs):
+        srv.add_request(list(range(1, k + 1)), SamplingParams(temperature=0, max_new_tokens=o))
+    while srv.has_unfinished():
+        srv.step()
+    assert len(srv.steps) == max(outs)                      # one prefill + (max - 1) decodes
+    assert srv.token_slots == 3 * max(lens) + 3 * (max(outs) - 1)
+    assert srv.useful_tokens == sum(lens) + sum(o - 1 for o in outs)
+    got = [s.output_ids for s in srv.all_sequences()]
+    want = [generate_cached(model, [list(range(1, k + 1))],
+                            SamplingParams(temperature=0, max_new_tokens=o))[0]
+            for k, o in zip(lens, outs)]
+    assert got == want                                      # the padding is masked
+
+
+def test_continuous_admits_while_a_long_request_runs(model):
+    """Iteration-level scheduling: a short request that arrives during a long one finishes
+    first; under static batching it waits for the long one."""
+    finish = {}
+    for kind in ("static", "continuous"):
+        server = (StaticBatchServer(model, max_batch=4) if kind == "static"
+                  else LLMEngine(model, block_size=4, max_num_seqs=4))
+        server.add_request([1, 2], SamplingParams(temperature=0, max_new_tokens=40))
+        server.step()
+        server.add_request([3, 4], SamplingParams(temperature=0, max_new_tokens=3))
+        order = []
+        while server.has_unfinished():
+            order += [s.request_id for s in server.step()]
+        finish[kind] = order
+    assert finish == {"static": [0, 1], "continuous": [1, 0]}
+
+
+# ---- metrics and trace ----------------------------------------------------------------------
+def test_percentile_interpolates_like_numpy():
+    np = pytest.importorskip("numpy")
+    xs = [3.0, 1.0, 7.5, 2.0, 10.0, 4.0, 4.0]
+    for p in (0, 10, 50, 90, 99, 100):
+        assert percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)))
+    with pytest.raises(ValueError, match="empty"):
+        percentile([], 50)
+
+
+def test_latencies_of_one_request():
+    s = Sequence(0, [1, 2], 2, SamplingParams(max_new_tokens=3), arrival_time=1.0)
+    for t, tok in ((1.5, 7), (1.7, 8), (2.1, 9)):
+        s.append_token(tok, t)
+    s.finish_time = 2.1
+    lat = request_latencies(s)
+    assert lat["ttft"] == pytest.approx(0.5) and lat["e2e"] == pytest.approx(1.1)
+    assert lat["tpot"] == pytest.approx(0.3) and lat["output_tokens"] == 3
+    m = summarize([s])
+    assert m["throughput_tok_s"] == pytest.approx(3 / 1.1) and m["ttft_p99_s"] == pytest.approx(0.5)
+
+
+def test_timeline_lists_every_request_in_every_step(model):
+    eng = LLMEngine(model, block_size=4)
+    eng.generate([[1, 2, 3], [4]], SamplingParams(temperature=0, max_new_tokens=2))
+    assert timeline(eng.steps) == [(0, 0, 3), (0, 1, 1), (1, 0, 1), (1, 1, 1)]
+
+
+def test_trace_is_seeded_poisson_and_heavy_tailed():
+    a, b = make_trace(300, rate=50.0, seed=4), make_trace(300, rate=50.0, seed=4)
+    assert a == b and a != make_trace(300, rate=50.0, seed=5)
+    times = [r.arrival_time for r in a]
+    assert times == sorted(times) and times[0] > 0
+    g = torch.Generator().manual_seed(0)
+    gaps = torch.tensor(poisson_arrivals(20000, 50.0, g)).diff()
+    assert gaps.mean().item() == pytest.approx(1 / 50, rel=0.05)          # Exp(rate): mean 1/rate
+    assert gaps.std().item() == pytest.approx(1 / 50, rel=0.05)           # and std 1/rate
+    lens = lognormal_lengths(20000, 24, 1.0, 10 ** 6, g)
+    assert percentile(lens, 50) == pytest.approx(24, rel=0.05)
+    assert percentile(lens, 99) / 24 == pytest.approx(math.exp(2.326), rel=0.15)   # heavy tail
+    assert all(1 <= len(r.prompt_ids) <= 256 and 1 <= r.max_new_tokens <= 256 for r in a)
+
+
+def test_trace_refuses_what_cannot_fit():
+    with pytest.raises(ValueError, match="context of 512"):
+        make_trace(4, prompt_max=300, output_max=300)
+    with pytest.raises(ValueError, match="rate"):
+        make_trace(4, rate=0.0)
+
+
+# ---- bad input ------------------------------------------------------------------------------
+def test_engine_refuses_bad_requests_clearly(model):
+    eng = LLMEngine(model, num_blocks=8, block_size=4)
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request([])
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 61\)"):
+        eng.add_request([1, 61])
+    with pytest.raises(ValueError, match="exceeds the model's context of 96"):
+        eng.add_request([1] * 90, SamplingParams(max_new_tokens=10))
+    with pytest.raises(ValueError, match="could never run"):
+        eng.add_request([1] * 30, SamplingParams(max_new_tokens=10))
+    with pytest.raises(ValueError, match="n .samples per prompt"):
+        eng.add_request([1], n=0)
+    with pytest.raises(ValueError, match="2 prompts but 1"):
+        eng.generate([[1], [2]], [SamplingParams()])
+    assert not eng.has_unfinished()
+
+
+def test_block_manager_and_sequence_are_exported():
+    assert BlockManager(4, 4).num_free_blocks == 4
