@@ -9,6 +9,7 @@
     minillm bench decode [--model NAME|PATH] [--prompt-len P --new-tokens N --batch B]
                          [--vs-hf] [--compile] [--no-naive] [--dtype float32|bfloat16] --json
     minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] --json
+    minillm bench batching [--requests N --rate R --seed S --max-batch B] --json
     minillm train ...            (same as python -m minillm.train)
 
 Commands that print figures take --json and then print one JSON object on stdout.
@@ -148,6 +149,23 @@ def cmd_bench_speculative(a) -> int:
     return 0
 
 
+def cmd_bench_batching(a) -> int:
+    import minillm
+    from .serving.bench import bench_batching
+    model = minillm.load(a.model)
+    r = {"model": a.model,
+         **bench_batching(model, num_requests=a.requests, rate=a.rate, seed=a.seed,
+                          max_batch=a.max_batch, block_size=a.block_size, threads=a.threads)}
+    if a.json:
+        print(json.dumps(r))
+    else:
+        print(f"{r['requests']} requests ({r['completed']} completed): static "
+              f"{r['static_tok_s']:.1f} tok/s, continuous {r['continuous_tok_s']:.1f} tok/s "
+              f"({r['speedup']:.2f}x); p50 TTFT {r['static_ttft_p50_s']:.2f} s vs "
+              f"{r['continuous_ttft_p50_s']:.2f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minillm", description="tiny LLM inference stack")
     sub = p.add_subparsers(dest="command", required=True)
@@ -221,6 +239,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="draft length of prompt lookup (on a repetitive prompt)")
     bs.add_argument("--json", action="store_true")
     bs.set_defaults(func=cmd_bench_speculative)
+
+    bb = bsub.add_parser("batching", help="static vs continuous batching on a seeded Poisson "
+                         "trace (lab 06)")
+    bb.add_argument("--model", default="target")
+    bb.add_argument("--requests", type=int, default=128)
+    bb.add_argument("--rate", type=float, default=200.0, help="arrivals per second")
+    bb.add_argument("--seed", type=int, default=0)
+    bb.add_argument("--max-batch", type=int, default=32, help="batch limit of both servers")
+    bb.add_argument("--block-size", type=int, default=16, help="KV block size (continuous)")
+    bb.add_argument("--threads", type=int, default=1)
+    bb.add_argument("--json", action="store_true")
+    bb.set_defaults(func=cmd_bench_batching)
 
     t = sub.add_parser("train", help="train the tokenizer or a model (see python -m minillm.train)",
                        add_help=False)

@@ -99,6 +99,20 @@ def test_bench_decode_json_with_hf(run):
     assert r["new_tokens"] == 12 and r["batch"] == 1
 
 
+def test_bench_batching_json(run):
+    r = json.loads(run("bench", "batching", "--model", "draft", "--requests", "12",
+                       "--max-batch", "4", "--json").stdout)
+    for key in ("static_tok_s", "continuous_tok_s", "speedup", "static_ttft_p50_s",
+                "continuous_ttft_p50_s"):
+        assert r[key] > 0, key
+    assert r["requests"] == r["completed"] == r["static_completed"] == 12
+    assert r["speedup"] == pytest.approx(r["continuous_tok_s"] / r["static_tok_s"])
+    assert r["same_outputs"] and r["leaked_blocks"] == 0
+    assert r["static_token_slots"] > r["static_useful_tokens"] == r["continuous_tokens_run"]
+    p = run("bench", "batching", "--requests", "0", ok=False)
+    assert p.returncode == 2 and "num_requests must be >= 1" in p.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["bench", "decode", "--prompt-len", "500", "--new-tokens", "100"], "context"),
     (["bench", "decode", "--new-tokens", "0"], ">= 1"),
