@@ -321,9 +321,10 @@ def print_report(report: dict) -> None:
     names = {"pct_of_copy": "paged decode % of copy bandwidth",
              "vs_sdpa": "paged decode speed vs best SDPA", "split_speedup":
              "split-K speed-up over unsplit at B=1"}
+    tag = "  [dry run: meaningless]" if report["dry_run"] else ""
     for k, g in report["goals"].items():
         print(f"goal {names[k]} >= {g['want']:g}: {g['got']:.2f} -> "
-              f"{'met' if g['met'] else 'NOT met'}")
+              f"{'met' if g['met'] else 'NOT met'}{tag}")
 
 
 def main(argv=None) -> int:
