@@ -2,7 +2,7 @@
 
     minillm generate "To be, or not" --max-new-tokens 64 [--temperature T --top-k K --top-p P
                      --seed S --model NAME|PATH] [--json]
-    minillm eval ppl [--model NAME|PATH] [--max-tokens N] [--quant SCHEME] --json
+    minillm eval ppl [--model NAME|PATH] [--max-tokens N] [--quant SCHEME] [--kv-int8] --json
     minillm eval kv-variants [--model NAME|PATH] [--max-tokens N] --json
     minillm napkin --model llama-2-13b --gpu h100 --batch B --seq-len S [--kv-heads K]
                    [--bytes-per-param P] --json
@@ -65,9 +65,13 @@ def cmd_eval(a) -> int:
             from .data import load_tokens
             calib = load_tokens(tok, "train")[:4 * 256].reshape(4, 256)
         model = quantize_model(model, a.quant, calib_ids=calib)
+    if a.kv_int8:                          # attention reads an int8 KV cache (minillm.kvquant)
+        from .kvquant import with_kv_cache
+        model = with_kv_cache(model)
     r = perplexity(model, tok, split=a.split, max_tokens=a.max_tokens)
-    out = {"model": a.model, "quant": a.quant, "split": r["split"], "tokens": r["tokens"],
-           "loss": r["loss"], "ppl": r["ppl"], "model_bytes": model_bytes(model)}
+    out = {"model": a.model, "quant": a.quant, "kv_int8": a.kv_int8, "split": r["split"],
+           "tokens": r["tokens"], "loss": r["loss"], "ppl": r["ppl"],
+           "model_bytes": model_bytes(model)}
     if a.json:
         print(json.dumps(out))
     else:
@@ -189,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--max-tokens", type=int, default=None, help="evaluate a prefix only")
     ppl.add_argument("--quant", default=None, choices=SCHEMES,
                      help="quantize the linear layers first (see minillm.quant)")
+    ppl.add_argument("--kv-int8", action="store_true",
+                     help="run attention through an int8 KV cache (see minillm.kvquant)")
     ppl.add_argument("--json", action="store_true")
     ppl.set_defaults(func=cmd_eval)
 
