@@ -25,8 +25,12 @@ lab: $(STAMP)
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VENV)/bin/jupyter lab \
 		--notebook-dir=build/release $(if $(filter 0,$(shell id -u)),--allow-root,)
 
+# Two pytest-xdist workers (the CI machine has 2 cores); a lab's notebook runs, the browser
+# module and the speed checks are grouped so each group stays on one worker. TEST_WORKERS=0
+# runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -66,7 +66,8 @@ STANDALONE = "explorer_only"
 NOTEBOOKS = LABS + ([] if EXPLORER_LABS else [STANDALONE])
 TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\)"
                           r"|^-{20,}\s*\n?\s*\w+(Error|Exception)", re.M)
-pytestmark = pytest.mark.slow
+# one JupyterLab server and one chromium for the module: keep it on one xdist worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 
 
 # --- chromium -------------------------------------------------------------------------------------

@@ -139,6 +139,13 @@ def pipeline(tmp_path_factory):
 ALL = LABS + [DUMMY]
 
 
+def per_lab(labs):
+    """Parameters with one xdist group per lab: `make test` runs on two workers
+    (`-n 2 --dist loadgroup`), and each lab's release, (a), (b) and (c) stay on one worker
+    (each worker builds its own temporary course)."""
+    return [pytest.param(lab, marks=pytest.mark.xdist_group(f"pipeline_{lab}")) for lab in labs]
+
+
 def describe(rec) -> str:
     return f"{rec.student}/{rec.lab}: {rec.status}, log {rec.log}\n" + "\n".join(
         f"  {c.grade_id}: {c.score} / {c.max_score} {c.errors}" for c in rec.cells)
@@ -173,7 +180,7 @@ def test_source_follows_the_grading_conventions(lab):
 
 
 # --- release ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("lab", ALL)
+@pytest.mark.parametrize("lab", per_lab(ALL))
 def test_release_strips_solutions_and_keeps_assets(pipeline, lab):
     rel = pipeline.course.release_dir(lab)
     text = (rel / f"{lab}.ipynb").read_text()
@@ -189,7 +196,7 @@ def test_release_strips_solutions_and_keeps_assets(pipeline, lab):
 
 
 # --- (a), (b), (c) ------------------------------------------------------------------------------
-@pytest.mark.parametrize("lab", ALL)
+@pytest.mark.parametrize("lab", per_lab(ALL))
 def test_a_source_gets_full_points_in_time(pipeline, lab):
     rec = pipeline.graded("source", lab)
     print(f"\n(a) {lab}: {rec.status}, notebook ran {rec.exec_seconds} s, "
@@ -203,7 +210,7 @@ def test_a_source_gets_full_points_in_time(pipeline, lab):
         f"{lab} ran {rec.exec_seconds} s, the budget is {MAX_SECONDS} s"
 
 
-@pytest.mark.parametrize("lab", ALL)
+@pytest.mark.parametrize("lab", per_lab(ALL))
 def test_b_release_gets_zero_and_fails_fast(pipeline, lab):
     rec = pipeline.graded("release", lab)
     print(f"\n(b) {lab}: {rec.status}, notebook ran {rec.exec_seconds} s, "
@@ -214,7 +221,7 @@ def test_b_release_gets_zero_and_fails_fast(pipeline, lab):
     assert rec.exec_seconds < MAX_SECONDS, describe(rec)
 
 
-@pytest.mark.parametrize("lab", ALL)
+@pytest.mark.parametrize("lab", per_lab(ALL))
 def test_c_wrong_submission_loses_the_hidden_points(pipeline, lab):
     spec_path = pipeline.course.source(lab) / "wrong_submission.json"
     assert spec_path.is_file(), f"{spec_path.relative_to(pipeline.course.root)} is missing: " \
@@ -238,6 +245,7 @@ def _run(*args, cwd=REPO, timeout=900):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.xdist_group(f"pipeline_{DUMMY}")
 def test_grade_command_survives_crashes_hangs_and_memory_hogs(pipeline, tmp_path):
     course = pipeline.course
     subs = tmp_path / "subs"
@@ -283,6 +291,7 @@ def assert_no_process_left_in(root: Path) -> None:
     assert not left, f"processes left running in the course: {left}"
 
 
+@pytest.mark.xdist_group(f"pipeline_{DUMMY}")
 def test_a_submission_killed_on_the_wall_clock_scores_zero(pipeline):
     course = pipeline.course
     nb = nbformat.read(str(course.source(DUMMY) / f"{DUMMY}.ipynb"), as_version=4)
@@ -294,6 +303,7 @@ def test_a_submission_killed_on_the_wall_clock_scores_zero(pipeline):
     assert_no_process_left_in(course.root)
 
 
+@pytest.mark.xdist_group(f"pipeline_{DUMMY}")
 def test_selfgrade_command_reports_each_cell_and_fails_without_full_marks(pipeline, tmp_path):
     course = pipeline.course
     nb = wrong_notebook(course.source(DUMMY))
