@@ -294,96 +294,134 @@ def speculative_generate(target, drafter, prompt, k: int = 4,
 
 
 # --- measuring it ---------------------------------------------------------------------------------
-REPETITIVE_TEXT = "KING.\nI am not glad to do.\n\n"
+REPETITIVE_TEXT = "KING RICHARD.\nI am not glad to be a king of death.\n\n"
 
 
-def repetitive_prompt(tok, repeats: int = 3) -> list[int]:
-    """A prompt that repeats a line, the kind of loop the shipped target falls into by itself
-    when it decodes greedily: its continuation keeps repeating earlier n-grams, which is where
-    prompt lookup shines (in real use: code edits, answers that quote the document)."""
+def repetitive_prompt(tok, repeats: int = 2) -> list[int]:
+    """A prompt that repeats a line the shipped target wrote itself when decoding greedily after
+    "ROMEO.\n" (a loop it falls into): its continuation keeps reusing earlier n-grams, which is
+    where prompt lookup shines (in real use: code edits, answers that quote the document)."""
     return tok.encode(REPETITIVE_TEXT * repeats)
+
+
+class _StepClock:
+    """Wall-clock time spent inside a method, per label (the run that is going on): how c and v
+    are measured *inside* the timed generations, where the draft's weights are cold after each
+    target pass and the caches hold the real context -- not in a warm micro-benchmark."""
+
+    def __init__(self):
+        from .bench import perf_counter
+        self._clock, self.label = perf_counter, None
+        self.seconds: dict = {}
+        self.calls: dict = {}
+
+    def wrap(self, obj, attr: str, kind: str) -> None:
+        fn = getattr(obj, attr)
+
+        def timed(*args, **kwargs):
+            t0 = self._clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                key = (self.label, kind)
+                self.seconds[key] = self.seconds.get(key, 0.0) + self._clock() - t0
+                self.calls[key] = self.calls.get(key, 0) + 1
+        setattr(obj, attr, timed)
+
+    def mean(self, label, kind) -> float:
+        n = self.calls.get((label, kind), 0)
+        return self.seconds[(label, kind)] / n if n else float("nan")
+
+    def labelled(self, label, fn):
+        def run():
+            self.label = label
+            return fn()
+        return run
 
 
 def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_tokens: int = 128,
                       repeats: int = 3, lookup_prompt: list[int] | None = None,
-                      lookup_k: int = 6) -> dict:
+                      lookup_k: int = 6, lookup_new_tokens: int | None = None) -> dict:
     """Greedy speculative decoding vs the target alone, timed interleaved in one run.
 
     The baseline is the target's fastest plain decoder (KV cache + packed step), so the speed-up
-    is what speculation adds on top of lab 02's optimisations. Also measures the cost ratio c
-    (draft step / target step), the verification cost v_{k+1} (one pass over k + 1 tokens /
-    target step) and, with `lookup_prompt`, prompt-lookup drafting (k = lookup_k) on that prompt
-    against the target alone on the same prompt.
+    is what speculation adds on top of lab 02's optimisations. Inside the same timed runs it
+    measures the cost ratio c (mean draft step / mean plain target step) and, per k, the
+    verification cost v_{k+1} (mean scoring pass over k + 1 tokens / mean plain target step), and
+    predicts the speed-up from them and the measured alpha. With `lookup_prompt`, it also times
+    prompt-lookup drafting (k = lookup_k, `lookup_new_tokens` tokens) on that prompt against the
+    target alone on the same prompt.
     """
     from .bench import median, time_interleaved
     from .fast_decode import generate_packed
-    if new_tokens < 1 or repeats < 1 or not ks or min(ks) < 1 or lookup_k < 1:
-        raise ValueError("need new_tokens >= 1, repeats >= 1, lookup_k >= 1 and every k >= 1")
-    params = SamplingParams(temperature=0, max_new_tokens=new_tokens)
+    n_lookup = new_tokens if lookup_new_tokens is None else lookup_new_tokens
+    if new_tokens < 1 or n_lookup < 1 or repeats < 1 or not ks or min(ks) < 1 or lookup_k < 1:
+        raise ValueError("need new_tokens >= 1, lookup_new_tokens >= 1, repeats >= 1, "
+                         "lookup_k >= 1 and every k >= 1")
     plain = PackedDecoder(target)                       # weights packed once, outside the timing
     scorer, drafter = default_scorer(target), ModelDrafter(draft)
-    prompts = {"": prompt}
+    if drafter._step is None:
+        raise ValueError("bench_speculative needs a draft model the packed decoder supports")
+    clock = _StepClock()
+    clock.wrap(plain, "step", "target step")
+    clock.wrap(drafter, "_step", "draft step")
+    if scorer is not None:
+        clock.wrap(scorer, "step", "scoring pass")
+    runs_of = {"": (prompt, new_tokens)}
     if lookup_prompt is not None:
-        prompts["lookup "] = lookup_prompt
+        runs_of["lookup "] = (lookup_prompt, n_lookup)
     fns, expect = {}, {}
-    for tag, pr in prompts.items():
+    for tag, (pr, n) in runs_of.items():
         ids = torch.tensor([pr])
-        expect[tag] = generate_packed(target, ids, new_tokens, plain)[0]
-        fns[f"{tag}target"] = lambda ids=ids: generate_packed(target, ids, new_tokens, plain)
+        expect[tag] = generate_packed(target, ids, n, plain)[0]
+        fns[f"{tag}target"] = lambda ids=ids, n=n: generate_packed(target, ids, n, plain)
+    params = SamplingParams(temperature=0, max_new_tokens=new_tokens)
     for k in ks:
         fns[f"k={k}"] = lambda k=k: speculative_generate(target, drafter, prompt, k, params,
                                                          scorer=scorer)
     if lookup_prompt is not None:
         looker = PromptLookupDrafter(target.config.vocab_size)
+        lparams = SamplingParams(temperature=0, max_new_tokens=n_lookup)
         fns["lookup"] = lambda: speculative_generate(target, looker, lookup_prompt, lookup_k,
-                                                     params, scorer=scorer)
+                                                     lparams, scorer=scorer)
+    fns = {name: clock.labelled(name, fn) for name, fn in fns.items()}
     runs = {name: fn() for name, fn in fns.items()}     # also the warm-up round
+    clock.seconds.clear(), clock.calls.clear()
     times = time_interleaved(fns, warmup=0, repeats=repeats)
-    # per-step costs at the prompt's context: one packed decode step of each model, and one
-    # scoring pass over k + 1 tokens with the speculative scorer
-    ids = torch.tensor([prompt])
-    steps = {}
-    for name, m, dec, T in ([("target", target, plain, 1), ("draft", draft, PackedDecoder(draft), 1)]
-                            + [(f"verify {k}", target, scorer, k + 1) for k in ks]):
-        cache = KVCache.for_model(m, 1, len(prompt) + T)
-        m(ids, cache=cache)
-        feed = ids[0, -1:] if T == 1 else ids[:, -1:].repeat(1, T)
-
-        def one(dec=dec, cache=cache, feed=feed, m=m, n=len(prompt)):
-            if dec is None:
-                m(feed if feed.dim() == 2 else feed[None], cache=cache)
-            else:
-                dec.step(feed, cache)
-            cache.truncate(n)
-        steps[name] = one
-    st = time_interleaved(steps, warmup=3, repeats=31)
-    t_step = median(st["target"])
-    c = median(st["draft"]) / t_step
+    t_step = clock.mean("target", "target step")
+    drafts = [(clock.seconds[(f"k={k}", "draft step")], clock.calls[(f"k={k}", "draft step")])
+              for k in ks]
+    c = sum(s for s, _ in drafts) / sum(n for _, n in drafts) / t_step
     base = median(times["target"])
     rows = []
     for k in ks:
         out, stats = runs[f"k={k}"]
-        v = median(st[f"verify {k}"]) / t_step
+        v = clock.mean(f"k={k}", "scoring pass") / t_step if scorer is not None else float("nan")
         rows.append({"drafter": "draft-model", "k": k, "alpha": stats.alpha,
                      "tokens_per_step": stats.tokens_per_step,
                      "predicted_tokens_per_step": expected_tokens_per_step(stats.alpha, k),
-                     "verify_cost": v,
+                     "c": clock.mean(f"k={k}", "draft step") / t_step, "verify_cost": v,
                      "predicted_speedup": expected_speedup(stats.alpha, k, c, v),
                      "speedup": base / median(times[f"k={k}"]),
                      "target_calls": stats.steps + (len(prompt) > 1),
                      "exact_greedy": out == expect[""]})
     best = max(rows, key=lambda r: r["speedup"])
     result = {**best, "c": c, "new_tokens": new_tokens, "prompt_tokens": len(prompt),
-              "target_tok_s": new_tokens / base, "threads": torch.get_num_threads(),
+              "target_tok_s": new_tokens / base, "target_step_ms": 1e3 * t_step,
+              "threads": torch.get_num_threads(),
               "scorer": scorer.layout if scorer is not None else "forward"}
     if lookup_prompt is not None:
         out, stats = runs["lookup"]
         rows.append({"drafter": "prompt-lookup", "k": lookup_k, "alpha": stats.alpha,
                      "tokens_per_step": stats.tokens_per_step,
                      "predicted_tokens_per_step": expected_tokens_per_step(stats.alpha, lookup_k),
+                     "c": 0.0, "verify_cost": (clock.mean("lookup", "scoring pass") /
+                                               clock.mean("lookup target", "target step")
+                                               if scorer is not None else float("nan")),
                      "speedup": median(times["lookup target"]) / median(times["lookup"]),
                      "target_calls": stats.steps + (len(lookup_prompt) > 1),
-                     "prompt_tokens": len(lookup_prompt), "exact_greedy": out == expect["lookup "]})
+                     "prompt_tokens": len(lookup_prompt), "new_tokens": n_lookup,
+                     "exact_greedy": out == expect["lookup "]})
     result["exact_greedy"] = all(r["exact_greedy"] for r in rows)
     result["runs"] = rows
     return result

@@ -238,3 +238,34 @@ def test_bad_arguments(shipped):
         speculative_generate(target, ModelDrafter(draft), [[1, 2], [3, 4]], 2)
     with pytest.raises(ValueError, match="layout"):
         PackedDecoder(target, layout="sideways")
+
+
+def test_bench_reports_measured_and_predicted_figures():
+    target, draft = tiny(1, layers=2), tiny(2)
+    r = spec.bench_speculative(target, draft, [1, 2, 3], ks=(1, 2), new_tokens=8, repeats=1,
+                               lookup_prompt=[1, 2, 1, 2, 1, 2], lookup_k=3, lookup_new_tokens=6)
+    assert r["exact_greedy"] is True and r["k"] in (1, 2) and r["c"] > 0
+    kinds = [(row["drafter"], row["k"]) for row in r["runs"]]
+    assert kinds == [("draft-model", 1), ("draft-model", 2), ("prompt-lookup", 3)]
+    for row in r["runs"]:
+        assert 0 <= row["alpha"] <= 1 and 1 <= row["tokens_per_step"] <= row["k"] + 1
+        assert row["speedup"] > 0 and row["verify_cost"] > 0
+        assert row["target_calls"] <= 1 + (8 if row["drafter"] == "draft-model" else 6)
+    row = r["runs"][1]
+    assert row["predicted_speedup"] == pytest.approx(
+        expected_speedup(row["alpha"], 2, r["c"], row["verify_cost"]))
+
+
+def test_cli_bench_speculative_json(capsys):
+    import json
+
+    from minillm.cli import main
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "speculative", "--json", "--k", "2", "--new-tokens", "8", "--repeats", "1",
+              "--threads", "1"])
+    assert done.value.code == 0
+    r = json.loads(capsys.readouterr().out)
+    for key in ("k", "alpha", "tokens_per_step", "speedup", "exact_greedy", "c", "runs"):
+        assert key in r, key
+    assert r["k"] == 2 and r["exact_greedy"] is True
+    assert [row["drafter"] for row in r["runs"]] == ["draft-model", "prompt-lookup"]
