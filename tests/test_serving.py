@@ -297,3 +297,41 @@ def test_engine_refuses_bad_requests_clearly(model):
 
 def test_block_manager_and_sequence_are_exported():
     assert BlockManager(4, 4).num_free_blocks == 4
+
+
+# ---- the schedules predicted without a model ------------------------------------------------
+def test_simulated_schedules_match_the_real_servers(model):
+    from minillm.serving.simulate import simulate_continuous, simulate_static, static_slots
+    g = torch.Generator().manual_seed(9)
+    outs = [1 + int(x) for x in torch.randint(0, 12, (11,), generator=g)]
+    ps = prompts(11, seed=9)
+    for kind, simulate in (("static", simulate_static), ("continuous", simulate_continuous)):
+        server = (StaticBatchServer(model, max_batch=4) if kind == "static"
+                  else LLMEngine(model, block_size=4, max_num_seqs=4))
+        for p, o in zip(ps, outs):
+            server.add_request(p, SamplingParams(temperature=0, max_new_tokens=o))
+        while server.has_unfinished():
+            server.step()
+        real = [sorted(r for r, _, _ in rec.runs) for rec in server.steps]
+        assert real == simulate(outs, 4), kind
+        if kind == "static":
+            slots = [static_slots([len(p) for p in ps[a:a + 4]], outs[a:a + 4])
+                     for a in range(0, 11, 4)]
+            assert server.token_slots == sum(s for s, _ in slots)
+            assert server.useful_tokens == sum(u for _, u in slots)
+    assert simulate_continuous([3, 1, 2], 2) == [[0, 1], [0, 2], [0, 2]]
+    assert simulate_static([3, 1, 2], 2) == [[0, 1], [0], [0], [2], [2]]
+    with pytest.raises(ValueError, match="output length"):
+        simulate_static([0, 2], 2)
+
+
+def test_step_records_count_the_tokens_each_step_ran(model):
+    eng = LLMEngine(model, block_size=4)
+    eng.generate([[1, 2, 3], [4]], SamplingParams(temperature=0, max_new_tokens=3))
+    assert [r.tokens for r in eng.steps] == [4, 2, 2]
+    srv = StaticBatchServer(model, max_batch=2)
+    for p, o in (([1, 2, 3], 3), ([4], 1)):
+        srv.add_request(p, SamplingParams(temperature=0, max_new_tokens=o))
+    while srv.has_unfinished():
+        srv.step()
+    assert [r.tokens for r in srv.steps] == [6, 2, 2] and srv.token_slots == 10

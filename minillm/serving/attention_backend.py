@@ -232,3 +232,30 @@ class PagedKVCache:
             out[a:a + n] = prefill_torch(q[a:a + n], k[a:a + n], v[a:a + n], kc, vc,
                                          m.block_tables[i], m.context_lens[i])
         return out.transpose(0, 1)[None]
+
+
+# ---- selective batching without a KV cache (lab 06) -------------------------------------------
+def ragged_causal_attention(q, k, v, lens) -> torch.Tensor:
+    """Several sequences laid end to end in one row: q [1, N, sum(lens), H], k/v [1, K, ...].
+    Each sequence attends causally to its own tokens only -> [1, N, sum(lens), H]."""
+    if sum(lens) != q.shape[2]:
+        raise ValueError(f"lens add up to {sum(lens)} tokens but the batch has {q.shape[2]}")
+    out, a = torch.empty_like(q), 0
+    for n in lens:
+        out[:, :, a:a + n] = sdpa(q[:, :, a:a + n], k[:, :, a:a + n], v[:, :, a:a + n],
+                                  is_causal=True)
+        a += n
+    return out
+
+
+class RaggedPrefill:
+    """Plugs into the model's cache hook so `model(ids [1, sum], positions, cache=...)` runs
+    several whole prompts flattened: dense layers on all tokens at once, attention per prompt."""
+
+    def __init__(self, lens):
+        self.lens = [int(n) for n in lens]
+
+    def attention(self, layer, q, k, v, positions, window):
+        if window is not None:
+            raise ValueError("RaggedPrefill does not serve sliding-window layers")
+        return ragged_causal_attention(q, k, v, self.lens)

@@ -40,6 +40,7 @@ class StepRecord:
     end: float
     runs: list[tuple[int, int, int]] = field(default_factory=list)  # (request, seq, new tokens)
     num_preempted: int = 0
+    tokens: int = 0           # token positions pushed through the model (padding included)
 
 
 class LLMEngine:
@@ -132,7 +133,8 @@ class LLMEngine:
                 new_tokens.append(0)
         tokens = self.runner.sample(seqs, logits[rows])
         end = self.clock()
-        record = StepRecord(len(self.steps), start, end, num_preempted=len(batch.preempted))
+        record = StepRecord(len(self.steps), start, end, num_preempted=len(batch.preempted),
+                            tokens=sum(new_tokens))
         finished = []
         for s, tok, n in zip(seqs, tokens, new_tokens):
             record.runs.append((s.request_id, s.seq_id, n))

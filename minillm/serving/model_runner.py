@@ -94,3 +94,18 @@ class ModelRunner:
                 out[i] = int(sample(logits[i:i + 1], p.temperature, p.top_k, p.top_p,
                                     s.generator)[0])
         return out
+
+
+@torch.no_grad()
+def selective_prefill_logits(model, token_lists) -> torch.Tensor:
+    """Next-token logits [B, V] of several prompts of different lengths, computed in ONE forward
+    pass over their sum(lens) tokens (no padding): selective batching of a prefill."""
+    from .attention_backend import RaggedPrefill
+    lens = [len(t) for t in token_lists]
+    if not lens or min(lens) < 1:
+        raise ValueError("need at least one prompt, each with at least one token")
+    device = next(model.parameters()).device
+    ids = torch.tensor([t for toks in token_lists for t in toks], device=device)[None]
+    positions = torch.cat([torch.arange(n, device=device) for n in lens])
+    logits = model(ids, positions, cache=RaggedPrefill(lens))[0]
+    return logits[last_rows(lens)]

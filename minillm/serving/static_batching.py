@@ -127,7 +127,7 @@ class StaticBatchServer:
         return self.model(ids, positions, cache=self.cache)[:, -1]
 
     def step(self) -> list[Sequence]:
-        start = self.clock()
+        start, slots_before = self.clock(), self.token_slots
         if self.batch is None:
             if not self.waiting:
                 return []
@@ -139,7 +139,7 @@ class StaticBatchServer:
         live = [i for i, s in enumerate(self.batch) if not s.is_finished]
         tokens = ModelRunner.sample([self.batch[i] for i in live], logits[live])
         end = self.clock()
-        record = StepRecord(len(self.steps), start, end)
+        record = StepRecord(len(self.steps), start, end, tokens=self.token_slots - slots_before)
         finished = []
         for i, tok in zip(live, tokens):
             s = self.batch[i]
@@ -155,3 +155,20 @@ class StaticBatchServer:
 
     def all_sequences(self) -> list[Sequence]:
         return [s for seqs in self.sequences.values() for s in seqs]
+
+
+@torch.no_grad()
+def padded_prefill_logits(model, token_lists, pad_id: int = 0) -> torch.Tensor:
+    """Next-token logits [B, V] of several prompts, static-batching style: left-padded to the
+    longest into a [B, max(lens)] rectangle, padding masked (the static server's prefill)."""
+    lens = [len(t) for t in token_lists]
+    if not lens or min(lens) < 1:
+        raise ValueError("need at least one prompt, each with at least one token")
+    P, p = max(lens), next(model.parameters())
+    pads = [P - n for n in lens]
+    ids = torch.full((len(lens), P), pad_id, dtype=torch.long)
+    for b, toks in enumerate(token_lists):
+        ids[b, pads[b]:] = torch.tensor(list(toks))
+    positions = (torch.arange(P)[None, :] - torch.tensor(pads)[:, None]).clamp(min=0)
+    cache = PaddedKVCache(layer_specs(model), pads, P, p.dtype, p.device)
+    return model(ids.to(p.device), positions.to(p.device), cache=cache, last_only=True)[:, -1]
