@@ -133,10 +133,12 @@ def test_parallel_sampling_forks_and_copies_on_write(model):
     assert eng.bm.num_free_blocks == eng.bm.num_blocks
 
 
-@pytest.mark.parametrize("backend", ["torch", "reference"])
+@pytest.mark.parametrize("backend", ["torch", "reference", "triton", "triton-split"])
 def test_attention_backends_agree(model, backend):
-    if backend == "reference":
-        pytest.importorskip("kernels.paged_attention_ref")
+    """The decode half through each backend: torch (CPU default), the kernels' torch reference,
+    and the Triton kernels (CPU interpreter here, set by conftest; compiled on a GPU)."""
+    if backend.startswith("triton"):
+        pytest.importorskip("triton")
     ps = prompts(5, seed=7)
     params = [SamplingParams(temperature=0, max_new_tokens=10)] * 5
     eng = LLMEngine(model, block_size=4, max_num_seqs=3, backend=backend)
@@ -157,8 +159,10 @@ def test_paged_cache_refuses_models_it_cannot_store():
     with pytest.raises(ValueError, match="unknown attention backend"):
         PagedKVCache.for_model(tiny(), 4, 4, backend="cuda-magic")
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA"):
-            PagedKVCache.for_model(tiny(), 4, 4, backend="triton")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.delenv("TRITON_INTERPRET", raising=False)
+            with pytest.raises(ValueError, match="CUDA"):
+                PagedKVCache.for_model(tiny(), 4, 4, backend="triton")
 
 
 # ---- the lab 06 workload --------------------------------------------------------------------
@@ -295,7 +299,9 @@ def test_engine_refuses_bad_requests_clearly(model):
     assert not eng.has_unfinished()
 
 
-def test_block_manager_and_sequence_are_exported():
+def test_the_package_exports_the_engine():
+    import minillm.serving as serving
+    assert serving.LLMEngine is LLMEngine and serving.StaticBatchServer is StaticBatchServer
     assert BlockManager(4, 4).num_free_blocks == 4
 
 

@@ -4,8 +4,20 @@
     recompute) -> BlockManager (block tables, slot mapping, ref counts, prefix hashes,
     copy-on-write) -> ModelRunner (ragged batch flattened for the dense layers, per-sequence
     attention metadata) -> attention backend (torch reference | Triton paged kernel) -> sampler
+
+    from minillm.serving import LLMEngine
+    engine = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=16)
+    outputs = engine.generate(prompts, SamplingParams(max_new_tokens=32, seed=0))
+
+Files: sequence.py, block_manager.py, scheduler.py, attention_backend.py, model_runner.py,
+engine.py (the engine); static_batching.py (the baseline), trace.py (workloads), metrics.py,
+simulate.py (schedules without a model), bench.py (`minillm bench batching`).
 """
 from .block_manager import Block, BlockManager, block_hash
+from .engine import LLMEngine, StepRecord
+from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence, SequenceStatus
+from .static_batching import StaticBatchServer
 
-__all__ = ["Block", "BlockManager", "block_hash", "Sequence", "SequenceStatus"]
+__all__ = ["Block", "BlockManager", "block_hash", "LLMEngine", "StepRecord", "ScheduledBatch",
+           "Scheduler", "Sequence", "SequenceStatus", "StaticBatchServer"]

@@ -18,19 +18,21 @@ filled by one sequence in the same step another one reads it.
 Storage, per layer: k[layer], v[layer] of shape [num_blocks, block_size, n_kv_heads, head_dim];
 slot s is row s % block_size of block s // block_size (the layout of kernels/paged_attention*.py).
 
-Backends (`backend=`): "torch" (gather + scaled_dot_product_attention, the CPU default),
-"reference" (kernels/paged_attention_ref.py, the kernels' plain-torch spec) and "triton"
-(kernels/paged_attention.py, the default on CUDA). Prefill always uses the torch path.
+Backends (`backend=`) for the decode half: "torch" (ragged gather + segment softmax, the CPU
+default), "reference" (kernels/paged_attention_ref.py, the kernels' plain-torch spec), "triton"
+(kernels/paged_attention.py, the default on CUDA) and "triton-split" (its flash-decoding
+variant). Prefills always use the torch path (gather + scaled_dot_product_attention).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from ..model import sdpa
 
-BACKENDS = ("auto", "torch", "reference", "triton")
+BACKENDS = ("auto", "torch", "reference", "triton", "triton-split")
 
 
 # ---- the torch backend ------------------------------------------------------------------------
@@ -106,25 +108,33 @@ def prefill_torch(q, k_new, v_new, k_cache, v_cache, block_table, context_len: i
     return out[0].transpose(0, 1)
 
 
-def _kernels(backend: str):
-    """(write_kv, paged_attention_decode) of the chosen backend."""
+def _kernels(backend: str, device):
+    """(write_kv, paged_attention_decode) of the chosen backend. On a GPU the kernels skip the
+    checks that read tensor values (a sync each): the runner builds the metadata itself."""
     if backend == "torch":
         return write_kv_torch, None
+    import functools
     if backend == "reference":
         from kernels import paged_attention_ref as mod
     else:
         from kernels import paged_attention as mod
-    return mod.write_kv, mod.paged_attention_decode
+    validate = torch.device(device).type != "cuda"
+    decode = mod.paged_attention_decode_split if backend == "triton-split" \
+        else mod.paged_attention_decode
+    return (functools.partial(mod.write_kv, validate=validate),
+            functools.partial(decode, validate=validate))
 
 
 def resolve_backend(backend: str, device) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}: use one of {BACKENDS}")
+    on_cuda = torch.device(device).type == "cuda"
     if backend == "auto":
-        return "triton" if torch.device(device).type == "cuda" else "torch"
-    if backend == "triton" and torch.device(device).type != "cuda":
-        raise ValueError("the triton backend needs the KV cache on a CUDA device "
-                         "(use backend='torch' or 'reference' on the CPU)")
+        return "triton" if on_cuda else "torch"
+    if backend.startswith("triton") and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"the {backend} backend needs the KV cache on a CUDA device (or Triton's "
+                         f"CPU interpreter, TRITON_INTERPRET=1, for tests); use backend='torch' "
+                         f"or 'reference' on the CPU")
     return backend
 
 
@@ -178,7 +188,7 @@ class PagedKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.meta: AttentionMetadata | None = None
-        self._write_kv, self._decode = _kernels(self.backend)
+        self._write_kv, self._decode = _kernels(self.backend, device)
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int, backend: str = "auto"):
