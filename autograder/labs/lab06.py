@@ -17,11 +17,13 @@ nothing). Token counts: padded 5 x 96 = 480, selective 120 (4.0x fewer).
 
 Measured on the shared 2-core development machine with the shipped target model, one thread,
 under other sessions' load (load average 4-6 on 2 cores): the reference
-(`minillm.serving.model_runner.selective_prefill_logits`) measured 3.1x to 3.4x in the
-development runs; padding inside the "selective" function (the counter-example, which calls the
-padded path) measures ~1.0x by construction. THRESHOLD = 1.8 sits well under the reference and
-well over the counter-example. The whole check (one correctness pass, then WARMUP + REPEATS
-interleaved rounds) takes ~1.5-2 s.
+(`minillm.serving.model_runner.selective_prefill_logits`) measured 3.1x to 3.7x over 11 direct
+runs (and 2.8x to 3.1x inside the notebook, graded by nbconvert); padding inside the
+"selective" function (the counter-example, which calls the padded path) measured 0.89x to 1.06x
+over 6 runs. THRESHOLD = 1.8 is 1.6x under the worst reference run and 1.7x over the best
+counter-example; tests/test_speed_checks.py (10 runs each, 4 under a competing busy loop) gave
+the expected verdict every time. The whole check (one correctness pass, then WARMUP + REPEATS
+interleaved rounds) takes ~2 s at that load, ~3.5 s with a busy loop on one core.
 
     from autograder.labs import lab06
     lab06.check_selective_speedup(selective_prefill, model)   # AssertionError below THRESHOLD
@@ -38,7 +40,7 @@ from autograder.checks import assert_close
 from autograder.timing import time_ratio
 
 LENGTHS = (4, 96, 6, 9, 5)
-THRESHOLD = 1.8     # required time(padded) / time(selective); the reference measures ~3.1-3.4
+THRESHOLD = 1.8     # required time(padded) / time(selective); the reference measures ~2.8-3.7
 WARMUP, REPEATS = 1, 5
 SEED = 6
 
