@@ -203,6 +203,7 @@ class SpecStats:
     accepted: int = 0                # draft tokens accepted
     rejected: int = 0                # draft tokens rejected (at most one per step)
     accepted_per_step: list[int] = field(default_factory=list)
+    proposed_per_step: list[int] = field(default_factory=list)
 
     @property
     def alpha(self) -> float:
@@ -216,6 +217,15 @@ class SpecStats:
     def tokens_per_step(self) -> float:
         """New tokens per target pass: the accepted drafts plus one (resampled or bonus)."""
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    def predicted_tokens_per_step(self) -> float:
+        """The formula at the measured alpha, averaged over the steps with the number of drafts
+        each step really had (a prompt-lookup step may find fewer than k, or none; the last steps
+        draft less to stay within the budget)."""
+        if not self.proposed_per_step:
+            return 0.0
+        return sum(expected_tokens_per_step(self.alpha, k)
+                   for k in self.proposed_per_step) / len(self.proposed_per_step)
 
 
 def default_scorer(target) -> PackedDecoder | None:
@@ -282,6 +292,7 @@ def speculative_generate(target, drafter, prompt, k: int = 4,
         stats.accepted += n
         stats.rejected += n < len(draft)
         stats.accepted_per_step.append(n)
+        stats.proposed_per_step.append(len(draft))
         new = draft[:n] + [nxt]
         for t in new:
             if len(out) >= budget:
@@ -399,7 +410,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
         v = clock.mean(f"k={k}", "scoring pass") / t_step if scorer is not None else float("nan")
         rows.append({"drafter": "draft-model", "k": k, "alpha": stats.alpha,
                      "tokens_per_step": stats.tokens_per_step,
-                     "predicted_tokens_per_step": expected_tokens_per_step(stats.alpha, k),
+                     "predicted_tokens_per_step": stats.predicted_tokens_per_step(),
                      "c": clock.mean(f"k={k}", "draft step") / t_step, "verify_cost": v,
                      "predicted_speedup": expected_speedup(stats.alpha, k, c, v),
                      "speedup": base / median(times[f"k={k}"]),
@@ -414,7 +425,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
         out, stats = runs["lookup"]
         rows.append({"drafter": "prompt-lookup", "k": lookup_k, "alpha": stats.alpha,
                      "tokens_per_step": stats.tokens_per_step,
-                     "predicted_tokens_per_step": expected_tokens_per_step(stats.alpha, lookup_k),
+                     "predicted_tokens_per_step": stats.predicted_tokens_per_step(),
                      "c": 0.0, "verify_cost": (clock.mean("lookup", "scoring pass") /
                                                clock.mean("lookup target", "target step")
                                                if scorer is not None else float("nan")),

@@ -143,9 +143,15 @@ def test_expected_tokens_formula():
 def test_alpha_counts_only_judged_drafts():
     """Two steps of k = 4: [accept 1, reject] and [accept all 4]: 5 accepted of 6 judged (the 2
     drafts after the rejection were never judged), 7 tokens in 2 passes."""
-    s = SpecStats(steps=2, proposed=8, accepted=5, rejected=1, accepted_per_step=[1, 4])
+    s = SpecStats(steps=2, proposed=8, accepted=5, rejected=1, accepted_per_step=[1, 4],
+                  proposed_per_step=[4, 4])
     assert s.alpha == pytest.approx(5 / 6)
     assert s.tokens_per_step == pytest.approx(3.5)
+    assert s.predicted_tokens_per_step() == pytest.approx(expected_tokens_per_step(5 / 6, 4))
+    lookup = SpecStats(steps=2, proposed=3, accepted=2, rejected=1, accepted_per_step=[0, 2],
+                       proposed_per_step=[0, 3])        # a step that found nothing to propose
+    assert lookup.predicted_tokens_per_step() == pytest.approx(
+        (1 + expected_tokens_per_step(2 / 3, 3)) / 2)
     assert SpecStats().alpha == 0.0 and SpecStats().tokens_per_step == 0.0
 
 

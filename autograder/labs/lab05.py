@@ -22,10 +22,18 @@ Both use `Transformer.forward` with a `minillm.kvcache.KVCache`. Before timing, 
 output must equal the plain loop's tokens (a fast but wrong step earns nothing) and every step
 must return between 1 and k + 1 tokens.
 
-Measured on the shared 2-core development machine (one thread, other sessions' jobs sharing the
-machine throughout, the last runs of each series with a busy loop spinning on one core), the
-shipped target, NEW_TOKENS = 24, K = 3 (6 passes of 4 tokens against 24 one-token steps): see
-THRESHOLD below for the figures.
+Measured on the shared 2-core development machine with the shipped target, NEW_TOKENS = 16, K = 3
+(4 passes of 4 tokens against a prefill and 15 one-token steps), one thread, other sessions' jobs
+sharing the machine throughout (load average 4-6), in two series of 6 and 14 runs (the last 5 of
+the second with a busy loop spinning on one core):
+
+    reference_step (the notebook's solution)                  1.83x - 2.65x  (median ~2.1x)
+    one_at_a_time_step (same tokens, k + 1 one-token calls)   0.81x - 1.08x  (median ~0.94x)
+
+THRESHOLD = 1.4 is 1.3x under the worst reference run and 1.3x over the worst one-at-a-time run.
+A check takes ~2.5-3 s on the loaded machine (~5-9 s with the busy loop); the plain loop's 16
+one-token forwards are most of it. (With NEW_TOKENS = 24 the ratios were the same, 1.9x - 2.3x
+against 0.94x - 1.08x, for half again the time.)
 
     from autograder.labs import lab05
     lab05.check_speculative_speedup(speculative_step, target)   # AssertionError below THRESHOLD
@@ -45,7 +53,7 @@ from autograder.timing import time_ratio
 NEW_TOKENS = 16     # new tokens per generation
 K = 3               # draft tokens per step: 4 passes of k + 1 = 4 tokens
 PROMPT = "HAMLET.\nTo be, or not to be, that is the question:\n"
-THRESHOLD = 1.5     # required time(plain loop) / time(speculative loop with a perfect draft)
+THRESHOLD = 1.4     # required time(plain loop) / time(speculative loop, perfect draft); ref 1.8-2.7
 WARMUP, REPEATS = 1, 5
 
 GRADE_ID = "05_speed_test"
