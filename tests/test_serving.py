@@ -341,3 +341,22 @@ def test_step_records_count_the_tokens_each_step_ran(model):
     while srv.has_unfinished():
         srv.step()
     assert [r.tokens for r in srv.steps] == [6, 2, 2] and srv.token_slots == 10
+
+
+def test_the_bench_trace_is_served_whole_under_a_tight_kv_budget(ctx_model, one_thread):
+    """`minillm bench batching`'s default trace (128 requests), 32 seats but KV room for about
+    a third of them: the scheduler must preempt, and still lose nothing and leak nothing."""
+    from minillm.serving.bench import TRACE
+    trace = make_trace(128, 200.0, 0, vocab_size=V, **TRACE)
+    clock = SkipClock()
+    eng = LLMEngine(ctx_model, num_blocks=40, block_size=16, max_num_seqs=32, clock=clock)
+    replay(eng, trace, clock)
+    seqs = eng.all_sequences()
+    assert [s.num_output_tokens for s in seqs] == [r.max_new_tokens for r in trace]
+    assert all(s.is_finished and s.finish_reason == "length" for s in seqs)
+    assert eng.scheduler.num_preemptions > 0
+    assert eng.bm.num_used_blocks == 0 and not eng.bm.tables
+    eng.bm.check_invariants()
+    greedy = [generate_cached(ctx_model, [list(trace[i].prompt_ids)], trace[i].params())[0]
+              for i in (0, 57, 127)]
+    assert greedy == [seqs[i].output_ids for i in (0, 57, 127)]
