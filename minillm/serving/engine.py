@@ -14,7 +14,8 @@ alone with the same SamplingParams: each request samples with its own seeded gen
 shares its batch does not matter (up to float rounding of the differently shaped matmuls).
 
 Parallel sampling: `add_request(..., n=3)` prefills the prompt once and forks 3 sequences that
-share its KV blocks (copy-on-write); sample i is seeded with params.seed + i.
+share its KV blocks (copy-on-write); sample i is seeded with params.seed + i. The forked samples
+join the running batch at once (they may exceed max_num_seqs by n - 1 for that request).
 
 `engine.steps` records, per step, which request ran how many tokens (the lab 06 timeline), and
 the sequences keep their arrival / first-token / finish times (metrics.py).
