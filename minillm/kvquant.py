@@ -11,7 +11,9 @@ absmax scale,
     s = max_i |x_i| / 127,     q_i = round(x_i / s)  in  -127..127  (int8),    x_i ~ q_i * s,
 
 so a token with large activations does not crush the resolution of the others. The scale is
-stored in fp16 (2 bytes per H numbers: with H = 64 the cache is 66 / 128 = 52 % of fp16).
+stored in fp16 (2 bytes per H numbers: with H = 64 the cache is 66 / 128 = 52 % of fp16; vectors
+whose largest entry is below ~8e-3 get a subnormal fp16 scale, coarser in relative terms but still
+within ~1e-7 in absolute terms).
 Keys and values are quantized when they are written, right after RoPE; attention always reads
 the dequantized prefix -- also during prefill -- so perplexity measured with this cache is what
 a decode with it would see.
@@ -58,7 +60,8 @@ def dequantize_kv(q: torch.Tensor, s: torch.Tensor, dtype=torch.float32) -> torc
 class Int8KVCache(KVCache):
     """A `KVCache` whose keys and values are int8 with one fp16 absmax scale per token, head and
     layer (per-token-per-head). Plugs into `Transformer.forward(cache=)` like `KVCache`;
-    `dtype` is the dtype attention computes in (the dequantized keys/values it gets back)."""
+    `dtype` is the dtype attention computes in (the dequantized keys/values it gets back).
+    `quantize` is the per-vector quantizer (a subclass may swap in its own, as lab 04 does)."""
 
     def __init__(self, specs, batch_size: int, max_len: int, dtype=torch.float32, device="cpu",
                  scale_dtype=SCALE_DTYPE):
@@ -73,11 +76,15 @@ class Int8KVCache(KVCache):
         self.scales = KVCache(scale_specs, batch_size, max_len, dtype=scale_dtype,
                               device=device)
 
+    def quantize(self, x: torch.Tensor, scale_dtype):
+        """(codes, scales) of the keys or values x [B, heads, T, dim]: `quantize_kv`."""
+        return quantize_kv(x, scale_dtype)
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
         """Quantize the new k, v [B, heads, T, dim], store codes and scales, and return every
         key/value this layer may attend to, dequantized to `dtype`, with their positions."""
-        qk, sk = quantize_kv(k, self.scale_dtype)
-        qv, sv = quantize_kv(v, self.scale_dtype)
+        qk, sk = self.quantize(k, self.scale_dtype)
+        qv, sv = self.quantize(v, self.scale_dtype)
         k_codes, v_codes, pos = super().update(layer, qk, qv, positions)
         k_scale, v_scale, _ = self.scales.update(layer, sk, sv, positions)
         return (dequantize_kv(k_codes, k_scale, self.compute_dtype),

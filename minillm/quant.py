@@ -78,8 +78,15 @@ def absmax_quantize(w: torch.Tensor, bits: int = 8, per_channel: bool = True):
 
 def zeropoint_quantize(w: torch.Tensor, bits: int = 8, per_channel: bool = True):
     """Asymmetric: codes q = round(w / s) + z in [0, 2^b - 1] cover [min, max] exactly.
-    Returns (q uint8, s, z) with w ~ (q - z) * s."""
+    per_channel: one (s, z) per row of the last dimension (any leading dims); else one for the
+    tensor. Returns (q uint8, s, z) with w ~ (q - z) * s."""
     _check_weight(w)
+    return _zeropoint(w, bits, per_channel)
+
+
+def _zeropoint(w: torch.Tensor, bits: int, per_channel: bool):
+    if not isinstance(bits, int) or not 1 <= bits <= 8:
+        raise ValueError(f"zero-point codes are stored in uint8: bits must be 1..8, got {bits!r}")
     levels = 2 ** bits - 1
     w = w.float()
     lo = w.amin(dim=-1, keepdim=True) if per_channel else w.amin()
@@ -91,16 +98,24 @@ def zeropoint_quantize(w: torch.Tensor, bits: int = 8, per_channel: bool = True)
     return q, s, z
 
 
-def group_quantize_int4(w: torch.Tensor, group_size: int = 64):
-    """Asymmetric int4 per group of `group_size` consecutive input weights of each row.
-    Returns (codes uint8 [N, K] in 0..15, scales [N, K/G], zeros [N, K/G]); w ~ (q - z) * s."""
+def group_quantize(w: torch.Tensor, group_size: int = 64, bits: int = 4):
+    """Asymmetric `bits`-bit codes per group of `group_size` consecutive input weights of each
+    row. Returns (codes uint8 [N, K], scales [N, K/G], zeros [N, K/G]); w ~ (q - z) * s."""
     _check_weight(w)
+    if w.dim() != 2:
+        raise ValueError(f"expected a 2-D weight [N, K], got shape {tuple(w.shape)}")
     N, K = w.shape
     if group_size < 2 or K % group_size:
         raise ValueError(f"group_size {group_size} must divide the {K} input features")
     g = w.float().reshape(N, K // group_size, group_size)
-    q, s, z = zeropoint_quantize(g, bits=4, per_channel=True)
+    q, s, z = _zeropoint(g, bits, per_channel=True)
     return q.reshape(N, K), s.squeeze(-1), z.squeeze(-1)
+
+
+def group_quantize_int4(w: torch.Tensor, group_size: int = 64):
+    """Asymmetric int4 (codes 0..15) per group of `group_size` consecutive input weights of each
+    row. Returns (codes uint8 [N, K], scales [N, K/G], zeros [N, K/G]); w ~ (q - z) * s."""
+    return group_quantize(w, group_size, bits=4)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None = None,
@@ -274,11 +289,21 @@ class Int8MixedLinear(nn.Module):
 @torch.no_grad()
 def awq_search(linear: nn.Linear, x: torch.Tensor, group_size: int = 64, grid: int = 20):
     """Per-input-channel scales s = mean|x|^alpha for the alpha in [0, 1] (grid steps) that
-    minimises || Q(W s)(x / s)^T - W x^T ||^2 on the calibration inputs x [tokens, K].
-    alpha = 0 is plain RTN. Returns (s, best_alpha, errors per alpha)."""
+    minimises the layer's output error on the calibration inputs x [tokens, K]:
+    mean over tokens and outputs of (x Q(W s)^T / s - x W^T)^2. alpha = 0 is plain RTN.
+    Returns (s, best_alpha, errors per alpha).
+
+    The error of a weight error D = Wq - W is mean_t,n (x_t . d_n)^2 = sum_n d_n^T G d_n / N with
+    G = X^T X / T [K, K]: the calibration set enters only through G, so each alpha costs N K^2
+    multiply-adds instead of T N K."""
+    if x.shape[-1] != linear.in_features or x.numel() == 0:
+        raise ValueError(f"calibration inputs must be [tokens, {linear.in_features}], got "
+                         f"{tuple(x.shape)}")
+    if not isinstance(grid, int) or grid < 1:
+        raise ValueError(f"grid must be a positive integer, got {grid!r}")
     x = x.reshape(-1, x.shape[-1]).float()
     w = linear.weight.detach().float()
-    ref = x @ w.T
+    gram = x.T @ x / x.shape[0]
     act = x.abs().mean(dim=0).clamp(min=1e-8)
     errors, best = [], (float("inf"), None, None)
     for i in range(grid + 1):
@@ -286,8 +311,8 @@ def awq_search(linear: nn.Linear, x: torch.Tensor, group_size: int = 64, grid: i
         s = act ** alpha
         s = s / (s.max() * s.min()).sqrt()                         # keep scales around 1
         codes, sc, z = group_quantize_int4(w * s[None, :], group_size)
-        wq = dequantize(codes, sc, z, group_size) / s[None, :]
-        err = float(((x @ wq.T) - ref).pow(2).mean())
+        d = dequantize(codes, sc, z, group_size) / s[None, :] - w
+        err = float(((d @ gram) * d).sum() / w.shape[0])
         errors.append(err)
         if err < best[0]:
             best = (err, alpha, s)

@@ -7,8 +7,9 @@ import minillm
 from minillm.config import ModelConfig
 from minillm.model import Transformer
 from minillm.quant import (Int8MixedLinear, QuantLinear, absmax_quantize, awq_search, dequantize,
-                           format_table, group_quantize_int4, model_bytes, pack_int4,
-                           quantize_model, unpack_int4, zeropoint_quantize)
+                           format_table, group_quantize, group_quantize_int4, linear_inputs,
+                           model_bytes, pack_int4, quantize_model, unpack_int4,
+                           zeropoint_quantize)
 
 
 def rand(*shape, seed=0):
@@ -145,15 +146,65 @@ def test_format_table_reads_torch():
     assert rows["fp8 e4m3"]["max"] == 448.0 and rows["int4"]["bytes"] == 0.5
 
 
+def test_awq_error_is_the_direct_output_error_and_inputs_are_checked():
+    lin = nn.Linear(64, 24, bias=False)
+    x = rand(50, 64, seed=3) * torch.logspace(-1, 1, 64)
+    s, alpha, errors = awq_search(lin, x, group_size=32, grid=4)
+    for i, err in enumerate(errors):                 # the Gram-matrix shortcut changes nothing
+        a = (x.abs().mean(0) ** (i / 4))
+        a = a / (a.max() * a.min()).sqrt()
+        wq = dequantize(*group_quantize_int4(lin.weight.detach() * a, 32), 32) / a
+        direct = ((x @ wq.T - x @ lin.weight.detach().T) ** 2).mean().item()
+        assert err == pytest.approx(direct, rel=1e-4)
+    with pytest.raises(ValueError, match="calibration inputs"):
+        awq_search(lin, rand(10, 32), group_size=32)
+    with pytest.raises(ValueError, match="grid"):
+        awq_search(lin, x, group_size=32, grid=0)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_group_quantize_any_bits(bits):
+    w = rand(5, 128, seed=bits)
+    codes, s, z = group_quantize(w, 32, bits)
+    assert int(codes.max()) <= 2 ** bits - 1 and s.shape == (5, 4)
+    err = (dequantize(codes, s, z, 32) - w).abs().reshape(5, 4, 32)
+    assert (err <= s[..., None] / 2 + 1e-6).all()
+    if bits == 4:
+        assert all(torch.equal(a, b) for a, b in zip((codes, s, z), group_quantize_int4(w, 32)))
+    with pytest.raises(ValueError, match="1..8"):
+        zeropoint_quantize(w, bits=9)
+
+
 @pytest.mark.slow
-def test_shipped_model_int8_and_awq_on_held_out_text():
-    """On the shipped target: int8 costs < 0.5% perplexity; AWQ beats plain int4 RTN (g128)."""
-    from minillm.data import load_tokens
+def test_shipped_model_int8_and_awq_on_held_out_text(one_thread):
+    """On the shipped target: int8 costs < 0.5% perplexity; AWQ beats plain int4 RTN with the same
+    groups of 64.
+
+    Which yardstick: the perplexity gap between int4 variants of this model is below the noise
+    of any affordable held-out subset (on 2048-token chunks RTN and AWQ trade places), and AWQ's
+    perplexity win shows on the full split only (`minillm eval ppl --quant int4-g64` 45.63 vs
+    `--quant int4-awq` 45.56, fp 45.55, 79,111 tokens). The KL divergence from the float model
+    has no first-order noise term, so it ranks them with far less noise: on 4096 held-out tokens
+    AWQ's is 4 % lower, and AWQ lowers the held-out output error of 38 of the 42 layers."""
+    import torch.nn.functional as F
+
+    from minillm.data import load_text, load_tokens
     from minillm.evaluate import perplexity
-    torch.set_num_threads(1)
     m, tok = minillm.load("target").float(), minillm.load_tokenizer("target")
-    calib = load_tokens(tok, "train")[:4 * 256].reshape(4, 256)
-    ppl = lambda mm: perplexity(mm, tok, "val", max_tokens=4096)["ppl"]
-    base = ppl(m)
-    assert ppl(quantize_model(m, "int8")) < base * 1.005
-    assert ppl(quantize_model(m, "int4-awq", calib_ids=calib)) < ppl(quantize_model(m, "int4-g128"))
+    calib = torch.tensor(tok.encode(load_text("train")[:20000]))[:4 * 256].reshape(4, 256)
+    assert perplexity(quantize_model(m, "int8"), tok, "val", max_tokens=4096)["ppl"] < \
+        perplexity(m, tok, "val", max_tokens=4096)["ppl"] * 1.005
+    rtn, awq = quantize_model(m, "int4-g64"), quantize_model(m, "int4-awq", calib_ids=calib)
+    val = load_tokens(tok, "val")[:4096].reshape(8, 512)
+    with torch.no_grad():
+        ref = m(val).log_softmax(-1)
+        kl = {name: F.kl_div(q(val).log_softmax(-1), ref, log_target=True,
+                             reduction="sum").item() / val.numel()
+              for name, q in (("rtn", rtn), ("awq", awq))}
+    assert kl["awq"] < kl["rtn"], kl          # measured: 0.00222 vs 0.00231 nats per token
+    names = [n for n, mod in awq.named_modules() if isinstance(mod, QuantLinear)]
+    xs = linear_inputs(m, val[:1], names)
+    better = sum(((awq.get_submodule(n)(xs[n]) - m.get_submodule(n)(xs[n])).norm()
+                  < (rtn.get_submodule(n)(xs[n]) - m.get_submodule(n)(xs[n])).norm()).item()
+                 for n in names)
+    assert better >= 0.75 * len(names), f"AWQ lowers the error of {better} of {len(names)} layers"
