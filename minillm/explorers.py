@@ -357,13 +357,14 @@ class SpeculativeExplorer(widgets.VBox):
         self.controls = c_
         for w in c_.values():
             w.observe(self._on_change, names="value")
-        self.readout = widgets.HTML().add_class(SPEC_READOUT_CLASS)
-        self.plot = widgets.Output(layout=widgets.Layout(min_width="640px")).add_class(
+        self.readout = widgets.HTML(layout=widgets.Layout(margin="0 0 0 24px")).add_class(
+            SPEC_READOUT_CLASS)
+        self.plot = widgets.Output(layout=widgets.Layout(min_width="680px")).add_class(
             SPEC_PLOT_CLASS)
         title = widgets.HTML("<b>Speculative sampling</b>: expected tokens per target pass and "
                              "speed-up against k")
-        super().__init__([title, widgets.HBox([widgets.VBox(list(c_.values()) + [self.readout]),
-                                               self.plot])])
+        super().__init__([title, widgets.HBox([widgets.VBox(list(c_.values())), self.readout]),
+                          self.plot])
         self.add_class("minillm-spec-explorer")
         self.update()
 
@@ -420,7 +421,7 @@ class SpeculativeExplorer(widgets.VBox):
                       "best_k": cur["k"][i_best], "best_speedup": cur["speedup"][i_best],
                       "measured": self.measured}
         self.readout.value = (
-            "<div>"
+            '<div style="line-height: 1.5">'
             f"E[tokens per target pass] = <b>{tokens:.2f}</b> (at most k + 1 = {k + 1})<br>"
             f"cost per step = k c + v = {k} &times; {c:.2f} + {1 + beta * k:.2f} target steps<br>"
             f"speed-up = <b>{speedup:.2f}&times;</b><br>"
