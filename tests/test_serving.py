@@ -297,6 +297,11 @@ def test_engine_refuses_bad_requests_clearly(model):
     with pytest.raises(ValueError, match="2 prompts but 1"):
         eng.generate([[1], [2]], [SamplingParams()])
     assert not eng.has_unfinished()
+    static = StaticBatchServer(model, max_batch=2)
+    for bad in ([1, 61], [-1, 2]):
+        with pytest.raises(ValueError, match=r"token ids must be in \[0, 61\)"):
+            static.add_request(bad)
+    assert not static.has_unfinished()
 
 
 def test_the_package_exports_the_engine():

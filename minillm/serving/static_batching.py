@@ -80,6 +80,9 @@ class StaticBatchServer:
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("the prompt is empty: need at least one token id")
+        V = self.model.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= V:
+            raise ValueError(f"token ids must be in [0, {V}), got {min(prompt)}..{max(prompt)}")
         if len(prompt) + params.max_new_tokens > self.max_seq_len:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens "
                              f"({params.max_new_tokens}) exceeds the model's context of "
