@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from autograder.labs import passes, shipped_model
 from autograder.timing import time_ratio
 
 SHORT = 16          # prompt tokens of the fast run
@@ -117,25 +118,10 @@ def windowed_generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=
     return new
 
 
-_MODEL = None
 
 
-def _model():
-    global _MODEL
-    if _MODEL is None:
-        import minillm
-        _MODEL = minillm.load("target")
-    return _MODEL
-
-
-def _verdict(generate_fn) -> bool:
-    try:
-        check_step_growth(generate_fn, _model())
-    except AssertionError:
-        return False
-    return True
-
-
-SPEED_CHECKS = {GRADE_ID: lambda: _verdict(reference_generate)}            # expected True
-COUNTER_EXAMPLES = {GRADE_ID: lambda: _verdict(windowed_generate)}         # expected False
+SPEED_CHECKS = {  # expected True
+    GRADE_ID: lambda: passes(check_step_growth, reference_generate, shipped_model())}
+COUNTER_EXAMPLES = {  # expected False
+    GRADE_ID: lambda: passes(check_step_growth, windowed_generate, shipped_model())}
 SLOW_CHECKS = COUNTER_EXAMPLES   # same dict under the other name the test suite may look for

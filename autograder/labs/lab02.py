@@ -42,6 +42,7 @@ from __future__ import annotations
 import torch
 
 from autograder.checks import assert_close
+from autograder.labs import passes, shipped_model
 from autograder.timing import time_ratio
 
 CONTEXT = 384       # T: tokens already in the context when the timed token is produced
@@ -129,25 +130,10 @@ def reference_cache():
     return KVCache
 
 
-_MODEL = None
 
 
-def _model():
-    global _MODEL
-    if _MODEL is None:
-        import minillm
-        _MODEL = minillm.load("target")
-    return _MODEL
-
-
-def _verdict(cache_cls) -> bool:
-    try:
-        check_decode_speedup(cache_cls, _model())
-    except AssertionError:
-        return False
-    return True
-
-
-SPEED_CHECKS = {GRADE_ID: lambda: _verdict(reference_cache())}     # expected True
-COUNTER_EXAMPLES = {GRADE_ID: lambda: _verdict(None)}              # no cache: expected False
+SPEED_CHECKS = {  # expected True
+    GRADE_ID: lambda: passes(check_decode_speedup, reference_cache(), shipped_model())}
+COUNTER_EXAMPLES = {  # no cache: expected False
+    GRADE_ID: lambda: passes(check_decode_speedup, None, shipped_model())}
 SLOW_CHECKS = COUNTER_EXAMPLES   # same dict under the other name the test suite looks for

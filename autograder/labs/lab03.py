@@ -42,6 +42,7 @@ import math
 import torch
 
 from autograder.checks import assert_close
+from autograder.labs import passes
 from autograder.timing import time_ratio
 
 N_HEADS, HEAD_DIM, ROPE_DIM, DIM = 6, 64, 32, 384     # the shipped target's attention shape
@@ -153,14 +154,9 @@ def check_absorbed_speedup(absorbed_fn, *, at_least: float = THRESHOLD, **kw) ->
     return r.ratio
 
 
-def _verdict(absorbed_fn) -> bool:
-    try:
-        check_absorbed_speedup(absorbed_fn)
-    except AssertionError:
-        return False
-    return True
 
-
-SPEED_CHECKS = {GRADE_ID: lambda: _verdict(reference_absorbed)}            # expected True
-COUNTER_EXAMPLES = {GRADE_ID: lambda: _verdict(naive_expand)}              # expected False
+SPEED_CHECKS = {  # expected True
+    GRADE_ID: lambda: passes(check_absorbed_speedup, reference_absorbed)}
+COUNTER_EXAMPLES = {  # expected False
+    GRADE_ID: lambda: passes(check_absorbed_speedup, naive_expand)}
 SLOW_CHECKS = COUNTER_EXAMPLES   # same dict under the name tests/test_speed_checks.py reads

@@ -48,6 +48,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from autograder.labs import passes, shipped_model
 from autograder.timing import time_ratio
 
 NEW_TOKENS = 16     # new tokens per generation
@@ -194,25 +195,10 @@ def one_at_a_time_step(target, cache, drafter, context, k, temperature=0.0, gene
     return draft[:n] + [nxt]
 
 
-_MODEL = None
 
 
-def _model():
-    global _MODEL
-    if _MODEL is None:
-        import minillm
-        _MODEL = minillm.load("target")
-    return _MODEL
-
-
-def _verdict(step) -> bool:
-    try:
-        check_speculative_speedup(step, _model())
-    except AssertionError:
-        return False
-    return True
-
-
-SPEED_CHECKS = {GRADE_ID: lambda: _verdict(reference_step)}          # expected True
-COUNTER_EXAMPLES = {GRADE_ID: lambda: _verdict(one_at_a_time_step)}  # expected False
+SPEED_CHECKS = {  # expected True
+    GRADE_ID: lambda: passes(check_speculative_speedup, reference_step, shipped_model())}
+COUNTER_EXAMPLES = {  # expected False
+    GRADE_ID: lambda: passes(check_speculative_speedup, one_at_a_time_step, shipped_model())}
 SLOW_CHECKS = COUNTER_EXAMPLES   # same dict under the other name the test suite looks for

@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from autograder.checks import assert_close
+from autograder.labs import passes, shipped_model
 from autograder.timing import time_ratio
 
 LENGTHS = (4, 96, 6, 9, 5)
@@ -105,23 +106,6 @@ def check_selective_speedup(selective_fn, model, *, at_least: float = THRESHOLD,
 
 
 # --- the reference and a deliberately slow candidate --------------------------------------------
-_MODEL = None
-
-
-def _model():
-    global _MODEL
-    if _MODEL is None:
-        import minillm
-        _MODEL = minillm.load("target")
-    return _MODEL
-
-
-def _verdict(fn) -> bool:
-    try:
-        check_selective_speedup(fn, _model())
-    except AssertionError:
-        return False
-    return True
 
 
 def _reference(model, token_lists):
@@ -133,6 +117,8 @@ def _pads_anyway(model, token_lists):
     return _padded()(model, token_lists)
 
 
-SPEED_CHECKS = {GRADE_ID: lambda: _verdict(_reference)}          # expected True
-COUNTER_EXAMPLES = {GRADE_ID: lambda: _verdict(_pads_anyway)}    # padding: expected False
+SPEED_CHECKS = {  # expected True
+    GRADE_ID: lambda: passes(check_selective_speedup, _reference, shipped_model())}
+COUNTER_EXAMPLES = {  # padding: expected False
+    GRADE_ID: lambda: passes(check_selective_speedup, _pads_anyway, shipped_model())}
 SLOW_CHECKS = COUNTER_EXAMPLES   # same dict under the other name the test suite looks for
