@@ -31,7 +31,7 @@ from ..sampling import SamplingParams
 from .block_manager import BlockManager
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus, check_request
 
 
 @dataclass
@@ -76,25 +76,14 @@ class LLMEngine:
                     arrival_time: float | None = None, n: int = 1) -> int:
         """Queue one prompt (a list of token ids); returns its request id."""
         params = params or SamplingParams()
-        prompt = [int(t) for t in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
-        V = self.model.config.vocab_size
         if int(n) != n or n < 1:
             raise ValueError(f"n (samples per prompt) must be an integer >= 1, got {n}")
-        if not prompt:
-            raise ValueError("the prompt is empty: need at least one token id")
-        if min(prompt) < 0 or max(prompt) >= V:
-            raise ValueError(f"token ids must be in [0, {V}), got {min(prompt)}..{max(prompt)}")
-        if len(prompt) + params.max_new_tokens > self.max_seq_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens "
-                             f"({params.max_new_tokens}) exceeds the model's context of "
-                             f"{self.max_seq_len} tokens")
+        prompt = check_request(prompt, params, self.model.config.vocab_size, self.max_seq_len)
         need = self.bm.blocks_needed(len(prompt) + params.max_new_tokens)
         if need > self.bm.num_blocks:
             raise ValueError(f"this request needs {need} KV blocks of {self.bm.block_size} "
                              f"tokens but the engine has only {self.bm.num_blocks}: it could "
                              f"never run")
-        if params.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1 for the engine")
         rid = len(self.sequences)
         now = self.clock() if arrival_time is None else arrival_time
         seed = params.seed

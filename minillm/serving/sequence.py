@@ -106,3 +106,22 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={self.prompt_len}, "
                 f"out={self.num_output_tokens}, cached={self.num_cached_tokens})")
+
+
+def check_request(prompt, params: SamplingParams, vocab_size: int, max_seq_len: int) -> list[int]:
+    """The prompt as a list of ints, or a ValueError that names what is wrong with the request
+    (both servers accept requests through this one check)."""
+    prompt = [int(t) for t in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
+    if not prompt:
+        raise ValueError("the prompt is empty: need at least one token id")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise ValueError(f"token ids must be in [0, {vocab_size}), got "
+                         f"{min(prompt)}..{max(prompt)}")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1 to serve a request, got "
+                         f"{params.max_new_tokens}")
+    if len(prompt) + params.max_new_tokens > max_seq_len:
+        raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens "
+                         f"({params.max_new_tokens}) exceeds the model's context of "
+                         f"{max_seq_len} tokens")
+    return prompt

@@ -28,7 +28,7 @@ from ..model import sdpa
 from ..sampling import SamplingParams
 from .engine import StepRecord
 from .model_runner import ModelRunner
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus, check_request
 
 
 class PaddedKVCache(KVCache):
@@ -77,18 +77,7 @@ class StaticBatchServer:
     def add_request(self, prompt, params: SamplingParams | None = None, *,
                     arrival_time: float | None = None) -> int:
         params = params or SamplingParams()
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ValueError("the prompt is empty: need at least one token id")
-        V = self.model.config.vocab_size
-        if min(prompt) < 0 or max(prompt) >= V:
-            raise ValueError(f"token ids must be in [0, {V}), got {min(prompt)}..{max(prompt)}")
-        if len(prompt) + params.max_new_tokens > self.max_seq_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens "
-                             f"({params.max_new_tokens}) exceeds the model's context of "
-                             f"{self.max_seq_len} tokens")
-        if params.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
+        prompt = check_request(prompt, params, self.model.config.vocab_size, self.max_seq_len)
         rid = len(self.sequences)
         gen = None
         if params.seed is not None:
