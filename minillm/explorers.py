@@ -70,6 +70,19 @@ def plot_batches(max_batch: int, batch: int, cap: int = 4096) -> list[int]:
     return sorted(batches)
 
 
+def show_png(output: widgets.Output, fig, text: str) -> bytes:
+    """Render `fig` to PNG and make it the only thing `output` shows; returns the PNG bytes.
+    Setting `outputs` directly works with or without a running kernel (tests, nbclient)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    png = buf.getvalue()
+    output.outputs = ({"output_type": "display_data",
+                       "data": {"image/png": base64.b64encode(png).decode("ascii"),
+                                "text/plain": text},
+                       "metadata": {}},)
+    return png
+
+
 class NapkinExplorer(widgets.VBox):
     """Controls -> `minillm.roofline.napkin` -> readout + latency/throughput plot."""
 
@@ -296,15 +309,8 @@ class NapkinExplorer(widgets.VBox):
         ax.legend(fontsize=7, loc="lower right")
         ax.grid(alpha=0.3)
         fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.92)   # cheaper than tight_layout
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        png = buf.getvalue()
-        self.state["png"] = png
-        # Setting `outputs` directly works with or without a running kernel (tests, nbclient).
-        self.plot.outputs = ({"output_type": "display_data",
-                              "data": {"image/png": base64.b64encode(png).decode("ascii"),
-                                       "text/plain": f"<latency/throughput plot, B = {cur['batch']}>"},
-                              "metadata": {}},)
+        self.state["png"] = show_png(self.plot, fig,
+                                     f"<latency/throughput plot, B = {cur['batch']}>")
 
 
 def napkin_explorer(**kwargs) -> NapkinExplorer:
@@ -465,14 +471,7 @@ class SpeculativeExplorer(widgets.VBox):
             ax.legend(uniq.values(), uniq.keys(), fontsize=7,
                       loc="upper left" if ax is ax1 else "upper right")
         fig.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.95, wspace=0.28)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        png = buf.getvalue()
-        self.state["png"] = png
-        self.plot.outputs = ({"output_type": "display_data",
-                              "data": {"image/png": base64.b64encode(png).decode("ascii"),
-                                       "text/plain": f"<speculative plot, k = {k}>"},
-                              "metadata": {}},)
+        self.state["png"] = show_png(self.plot, fig, f"<speculative plot, k = {k}>")
 
 
 def speculative_explorer(**kwargs) -> SpeculativeExplorer:
