@@ -12,7 +12,7 @@ from minillm.model import Transformer
 from minillm.sampling import SamplingParams
 from minillm.serving import BlockManager, Sequence
 from minillm.serving.attention_backend import PagedKVCache, context_slots
-from minillm.serving.bench import SkipClock, replay
+from minillm.serving.bench import StepClock, replay
 from minillm.serving.engine import LLMEngine
 from minillm.serving.metrics import percentile, request_latencies, summarize, timeline
 from minillm.serving.model_runner import flatten_batch, last_rows
@@ -175,7 +175,7 @@ def test_lab06_trace_is_served_whole_by_both_servers(ctx_model, one_thread):
     trace = make_trace(40, rate=200.0, seed=1, vocab_size=V, prompt_max=128, output_max=128)
     served = {}
     for kind in ("static", "continuous"):
-        clock = SkipClock()
+        clock = StepClock()        # deterministic: overlap set by the trace, not the machine
         if kind == "static":
             server = StaticBatchServer(ctx_model, max_batch=8, clock=clock)
         else:                                   # a tight KV budget: preemptions must happen
@@ -353,7 +353,7 @@ def test_the_bench_trace_is_served_whole_under_a_tight_kv_budget(ctx_model, one_
     a third of them: the scheduler must preempt, and still lose nothing and leak nothing."""
     from minillm.serving.bench import TRACE
     trace = make_trace(128, 200.0, 0, vocab_size=V, **TRACE)
-    clock = SkipClock()
+    clock = StepClock()            # deterministic: overlap set by the trace, not the machine
     eng = LLMEngine(ctx_model, num_blocks=40, block_size=16, max_num_seqs=32, clock=clock)
     replay(eng, trace, clock)
     seqs = eng.all_sequences()

@@ -37,8 +37,31 @@ class SkipClock:
         if t > now:
             self.skipped += t - now
 
+    def tick(self) -> None:
+        """Called after every server step; the wall clock moves by itself."""
 
-def replay(server, trace, clock: SkipClock, max_steps: int | None = None) -> int:
+
+class StepClock:
+    """A deterministic clock (for tests): each server step takes exactly `step_s` seconds and
+    idle gaps are skipped, so which requests overlap depends on the trace alone, never on how
+    fast or how loaded the machine is."""
+
+    def __init__(self, step_s: float = 0.05):
+        if not step_s > 0:
+            raise ValueError(f"step_s must be > 0, got {step_s}")
+        self.t, self.step_s = 0.0, float(step_s)
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance_to(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+    def tick(self) -> None:
+        self.t += self.step_s
+
+
+def replay(server, trace, clock: SkipClock | StepClock, max_steps: int | None = None) -> int:
     """Serve every request of `trace` (sorted by arrival) on `server`; returns the step count."""
     pending = sorted(trace, key=lambda r: r.arrival_time)
     i, steps = 0, 0
@@ -51,6 +74,7 @@ def replay(server, trace, clock: SkipClock, max_steps: int | None = None) -> int
             server.add_request(list(r.prompt_ids), r.params(), arrival_time=r.arrival_time)
             i += 1
         server.step()
+        clock.tick()
         steps += 1
         if max_steps is not None and steps >= max_steps:
             raise RuntimeError(f"the server did not finish the trace in {max_steps} steps")
