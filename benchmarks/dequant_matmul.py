@@ -40,12 +40,9 @@ import torch
 
 # Run from anywhere: import the repo's kernels/ package rather than whatever is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import Timer, nbytes  # noqa: E402
 
 GOALS = {"w4a16": 2.5, "w8a16": 1.6}  # speed-up over bf16 at batch 1
-
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def copy_bandwidth(gib: float = 1.0, repeats: int = 20) -> float:
@@ -63,35 +60,6 @@ def copy_bandwidth(gib: float = 1.0, repeats: int = 20) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return 2 * src.numel() / statistics.median(times) / 1e9
-
-
-class Timer:
-    """Interleaved GPU timing of several calls, L2 flushed before each call."""
-
-    def __init__(self):
-        self.flush_buf = torch.ones(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
-
-    def flush(self):
-        self.flush_buf.sum()  # reads 256 MiB: evicts everything else from L2, leaves it clean
-
-    def run(self, fns: dict, warmup: int, repeats: int) -> dict:
-        for _ in range(warmup):
-            for fn in fns.values():
-                fn()
-        torch.cuda.synchronize()
-        events = {name: [] for name in fns}
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                self.flush()
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                events[name].append((start, end))
-        torch.cuda.synchronize()
-        return {name: statistics.median(s.elapsed_time(e) / 1e3 for s, e in pairs)
-                for name, pairs in events.items()}
 
 
 def make_layer(N: int, K: int, group: int, gen: torch.Generator):
@@ -206,7 +174,7 @@ def main(argv=None) -> int:
 
     gen = torch.Generator().manual_seed(0)
     copy_gbps = copy_bandwidth()
-    timer = Timer()
+    timer = Timer(torch.device("cuda"))
     rows, sweeps = [], []
     for n in sizes:
         rows += bench_shape(n, n, batches, args.group, timer, copy_gbps, args.warmup,

@@ -38,9 +38,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -48,58 +46,13 @@ import torch.nn.functional as F
 
 # Run from anywhere: import the repo's kernels/ package rather than whatever is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import Timer, nbytes  # noqa: E402
 
 GOALS = {"pct_of_copy": 75.0, "vs_sdpa": 0.9, "split_speedup": 4.0}
 FULL = {"batch": dict(B=32, L=4096, N=32, K=8, H=128, block=16),
         "long": dict(B=1, L=32768, N=32, K=8, H=128, block=16)}
 DRY = {"batch": dict(B=2, L=40, N=8, K=2, H=16, block=4),
        "long": dict(B=1, L=96, N=8, K=2, H=16, block=4)}
-
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-# ---- timing ------------------------------------------------------------------------------------
-class Timer:
-    """Interleaved timing of several calls: CUDA events with the L2 flushed before each call on
-    a GPU, perf_counter on the CPU (dry runs only)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.flush_buf = torch.ones(256 * 2**20 // 4, dtype=torch.float32, device=device)
-
-    def flush(self):
-        if self.cuda:
-            self.flush_buf.sum()  # reads 256 MiB: evicts everything else from L2
-
-    def run(self, fns: dict, warmup: int, repeats: int) -> dict:
-        for _ in range(warmup):
-            for fn in fns.values():
-                fn()
-        if not self.cuda:
-            times = {name: [] for name in fns}
-            for _ in range(repeats):
-                for name, fn in fns.items():
-                    t0 = time.perf_counter()
-                    fn()
-                    times[name].append(time.perf_counter() - t0)
-            return {name: statistics.median(ts) for name, ts in times.items()}
-        torch.cuda.synchronize()
-        events = {name: [] for name in fns}
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                self.flush()
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                events[name].append((start, end))
-        torch.cuda.synchronize()
-        return {name: statistics.median(s.elapsed_time(e) / 1e3 for s, e in pairs)
-                for name, pairs in events.items()}
 
 
 def copy_bandwidth(device: torch.device, nbytes_: int, repeats: int) -> float:
