@@ -19,6 +19,7 @@ __all__ = ["RatioResult", "time_ratio", "check_ratio", "cuda_sync"]
 
 # --- captured at import -----------------------------------------------------------------------
 _time_interleaved = _bench.time_interleaved
+_cpu_time_interleaved = _bench.cpu_time_interleaved
 _median = _bench.median
 _ratio = _bench.ratio
 _cuda_synchronize = torch.cuda.synchronize
@@ -54,11 +55,18 @@ def time_ratio(baseline: Callable[[], object], candidate: Callable[[], object], 
     After `warmup` untimed rounds, runs baseline, candidate, baseline, candidate, ...
     (`repeats` timed runs each), calling `sync` after each run inside the timing, and returns
     median(baseline) / median(candidate) with both medians and the raw timings.
+
+    The clock: without `sync` (CPU work) each run is timed by this process's CPU time
+    (`time.process_time`, all threads), which a competing process cannot inflate by taking the
+    core away mid-run; with wall-clock time, CI once measured a median ratio of at least 1.5
+    between two *identical* functions under load. Sleeping or waiting costs no CPU time, so
+    time real work. With `sync` (GPU work) it is wall-clock time.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    times = _time_interleaved({"baseline": baseline, "candidate": candidate},
-                              warmup=warmup, repeats=repeats, sync=sync)
+    timer = _time_interleaved if sync is not None else _cpu_time_interleaved
+    times = timer({"baseline": baseline, "candidate": candidate}, warmup=warmup,
+                  repeats=repeats, sync=sync)
     b, c = times["baseline"], times["candidate"]
     return RatioResult(ratio=_ratio(b, c), baseline_s=_median(b), candidate_s=_median(c),
                        baseline_times=list(b), candidate_times=list(c))

@@ -2,6 +2,7 @@
 each call, and the bytes a call must move."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -19,17 +20,39 @@ class Timer:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        # overridable to check that neither changes what is measured
+        self.sleep_cycles = int(os.environ.get("BENCH_SLEEP_CYCLES", 100_000))   # about 50 us
+        self.warmup_s = float(os.environ.get("BENCH_WARMUP_S", 0.3))
+        self.first_warmup_s = 2.0   # the first run of a process also waits for the clock to rise
         if self.cuda:
             self.flush_buf = torch.ones(256 * 2**20 // 4, dtype=torch.float32, device=device)
 
     def flush(self):
+        """Evict everything else from L2 (reads 256 MiB), then keep the GPU busy ~50 us more, so
+        that the timed call is queued before its start event fires: the events then time the
+        GPU's work alone, not the CPU's launch cost (CUDA graphs hide that in a real server)."""
         if self.cuda:
-            self.flush_buf.sum()  # reads 256 MiB: evicts everything else from L2
+            self.flush_buf.sum()
+            torch.cuda._sleep(self.sleep_cycles)
 
     def run(self, fns: dict, warmup: int, repeats: int) -> dict:
-        for _ in range(warmup):
+        """Median seconds per call of each function. Warm-up: at least `warmup` interleaved
+        rounds and, on a GPU, at least warmup_s seconds of them, with the same flushes as the
+        timed rounds, so that the clocks settle under this very load. (The SM clock idles low
+        -- 345 MHz seen on an H100 here -- and a kernel that dequantizes, i.e. does arithmetic
+        per byte, measured several times slower before it rose, in the first run of a process
+        even after 0.3 s of warm-up, hence 2 s then; warming up with dense bf16 matrix products
+        instead drew ~350 W and slowed the same kernels several times too.)"""
+        t0 = time.perf_counter()
+        done = 0
+        seconds, self.first_warmup_s = max(self.warmup_s, self.first_warmup_s), 0.0
+        while done < warmup or (self.cuda and time.perf_counter() - t0 < seconds):
             for fn in fns.values():
+                self.flush()
                 fn()
+            if self.cuda and done % 16 == 15:
+                torch.cuda.synchronize()
+            done += 1
         if not self.cuda:
             times = {name: [] for name in fns}
             for _ in range(repeats):

@@ -108,6 +108,20 @@ def bench_shape(N: int, K: int, batches, group: int, timer: Timer, copy_gbps: fl
     return rows
 
 
+def candidates(kind: str, M: int, group: int) -> list:
+    """Block sizes the sweep tries for one (kernel, M): the FMA path's tiles (M = 1), bounded
+    so that a float32 copy of one tile holds at most 64 values per thread, or the dot path's."""
+    from kernels import dequant_matmul as dm
+    if M == 1 or (kind == "w4" and group < 32):
+        bm = min(dm._pow2_at_least(M), 4)
+        return [dm.Config(False, bm, bn, bk, w, st) for bn in (4, 8, 16)
+                for bk in ((256, 512, 1024) if kind == "w8" else (256, 512, 1024, 2048))
+                for w in (4, 8) for st in (1, 2, 3)
+                if bm * bn * bk <= 64 * 32 * w and (kind == "w8" or bk % group == 0)]
+    return [dm.Config(True, 16, bn, 64 if kind == "w8" else group, w, st)
+            for bn in (16, 32, 64) for w in (4, 8) for st in (2, 3, 4)]
+
+
 def sweep(N: int, K: int, batches, group: int, timer: Timer, warmup: int, repeats: int,
           gen: torch.Generator) -> list[dict]:
     """Time other block sizes than pick_config's; prints the best per (kernel, M)."""
@@ -120,14 +134,6 @@ def sweep(N: int, K: int, batches, group: int, timer: Timer, warmup: int, repeat
         x = torch.randn(M, K, generator=gen).to("cuda", torch.bfloat16)
         y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         for kind in ("w8", "w4"):
-            if M <= 4 or (kind == "w4" and group < 32):
-                cfgs = [dm.Config(False, min(dm._pow2_at_least(M), 4), bn, bk, w, s)
-                        for bn in (8, 16, 32) for bk in ((128, 256, 512) if kind == "w8"
-                                                         else (256, 512, 1024))
-                        for w in (4, 8) for s in (2, 4) if kind == "w8" or bk >= group]
-            else:
-                cfgs = [dm.Config(True, 16, bn, 64 if kind == "w8" else group, w, s)
-                        for bn in (16, 32, 64) for w in (4, 8) for s in (2, 3, 4)]
             default = dm.pick_config(kind, M, N, K, group)
 
             def launch(cfg, kind=kind, x=x, y=y):
@@ -139,16 +145,19 @@ def sweep(N: int, K: int, batches, group: int, timer: Timer, warmup: int, repeat
 
             want = launch(default).clone()
             fns = {}
-            for cfg in [default] + [c for c in cfgs if c != default]:
+            for cfg in [default] + [c for c in candidates(kind, M, group) if c != default]:
                 check(launch(cfg), want, f"{kind} {cfg}")
                 fns[cfg] = (lambda cfg=cfg: launch(cfg))
             t = timer.run(fns, warmup, repeats)
             best = min(t, key=t.get)
             print(f"sweep {kind} {N}x{K} M={M}: default {t[default] * 1e6:.1f} us {default}; "
-                  f"best {t[best] * 1e6:.1f} us {best}")
+                  f"best {t[best] * 1e6:.1f} us {best}; next: " + ", ".join(
+                      f"{t[c] * 1e6:.1f} {tuple(vars(c).values())}"
+                      for c in sorted(t, key=t.get)[1:4]), flush=True)
             out.append({"kernel": kind, "N": N, "K": K, "M": M, "default": vars(default),
                         "default_us": t[default] * 1e6, "best": vars(best),
-                        "best_us": t[best] * 1e6})
+                        "best_us": t[best] * 1e6,
+                        "all_us": [[vars(c), t[c] * 1e6] for c in sorted(t, key=t.get)]})
     return out
 
 
@@ -162,6 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=50, help="timed interleaved rounds")
     ap.add_argument("--sweep", action="store_true", help="also time other block sizes")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--json-out", metavar="FILE", help="also write the JSON object to FILE")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     batches = [int(b) for b in args.batch.split(",")]
@@ -193,6 +203,8 @@ def main(argv=None) -> int:
               "group_size": args.group, "repeats": args.repeats, "rows": rows, "goals": goals}
     if sweeps:
         report["sweep"] = sweeps
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

@@ -291,6 +291,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny sizes, runs anywhere (Triton interpreter on a CPU); no figures")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
+    ap.add_argument("--json-out", metavar="FILE", help="also write the JSON object to FILE")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() and not args.dry_run:
         print("benchmarks/paged_attention.py times GPU kernels (Triton vs torch SDPA) and needs a "
@@ -299,6 +300,8 @@ def main(argv=None) -> int:
         return 0
     warmup, repeats = (1, 2) if args.dry_run else (args.warmup, args.repeats)
     report = run(args.dry_run, warmup, repeats, args.splits, args.sweep)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
     if args.json:
         print(json.dumps(report, indent=1))
     else:

@@ -16,17 +16,19 @@ bf16 weights = 2 bytes each, int8 = 1, int4 = 0.5 (+ group scales), so up to 2x 
 Kernel design (one program = one BLOCK_N slice of output features, looping over all of K):
 
 * Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). Decode has M <= 16, so the N axis must provide the
-  parallelism: BLOCK_N = 16 gives 256 programs for N = 4096, about two per H100 SM. No split-K:
+  parallelism: BLOCK_N = 8 gives 512 programs for N = 4096, about four per H100 SM. No split-K:
   it would need a zeroed float32 buffer, atomics and a cast, i.e. extra launches that cost more
   than they save at these sizes.
 * Every weight byte is loaded once and dequantized in registers; all M rows of x are applied to
   it before the next tile is loaded (x is tiny and stays in L1/L2).
-* Small M (<= 4): the "FMA path", broadcast-multiply + tl.sum on the CUDA cores; the M rows are
-  an unrolled tl.static_range loop that reuses the unpacked tile. Tensor cores need M >= 16 and
-  would pad 1 row to 16, and at M <= 4 the CUDA cores keep up with memory anyway.
-  Larger M: the "dot path", tl.dot on a [16 or 64, BLOCK_K] x [BLOCK_K, BLOCK_N] tile (rows
-  padded to the block and masked); multiply-adds per byte grow with M, and CUDA cores would
-  become the bottleneck long before M = 16.
+* M = 1: the "FMA path" on the CUDA cores. int8: the products are summed elementwise into a
+  [BLOCK_M, BLOCK_N, BLOCK_K] float32 accumulator and reduced over k once, after the loop, so a
+  step is loads, converts and multiply-adds with no cross-thread reduction. int4: one tl.sum
+  per group per step (the group's scale and zero point are applied to that sum, below); the
+  rows of x are an unrolled tl.static_range loop reusing the unpacked tile.
+  M >= 2: the "dot path", tl.dot on a [16 or 64, BLOCK_K] x [BLOCK_K, BLOCK_N] tile (rows
+  padded to the block and masked). On the H100 it already beat the FMA path at M = 4: the FMA
+  path's CUDA-core work grows with M, the padded rows of a dot cost no memory traffic.
 * int4 nibbles: a byte holds k = 2j (low) and k = 2j + 1 (high). `tl.join(b & 0xF, b >> 4)`
   puts them side by side on a new last axis and a reshape merges (j, 2) back into k, so codes
   come out in natural k order and x is read contiguously.
@@ -38,12 +40,12 @@ Kernel design (one program = one BLOCK_N slice of output features, looping over 
   row of x; scale and zero are applied once per group. The int4 FMA path loads a 3-D tile
   [BLOCK_N, groups per step, G] so the per-group sums are one tl.sum; the dot path steps one
   group at a time. int8 has one scale per row, applied once at the end.
-* Numerics: every load is upcast to float32 right away (the Triton CPU interpreter computes
-  garbage in bf16/fp16), accumulation is float32. The dot path feeds the tensor cores codes and
-  x in x's 16-bit dtype -- exact, since codes are small integers and x already is that dtype --
-  and uses full float32 ("ieee") for float32 x; in the interpreter it always dots in float32.
-* Every load and store is masked: N need not be a multiple of BLOCK_N, M of BLOCK_M, K of
-  BLOCK_K; tensors can be strided views (offsets use the strides passed in).
+* What the H100 measured (benchmarks/RESULTS.md): at M = 1 these kernels beat cuBLAS bf16 by
+  1.38-1.60x, short of the byte ratios (2x, 3.6x): they reach 40-68% of copy bandwidth, limited by
+  the instructions per weight (unpack, convert, multiply-add) and by too few loads in flight
+  (Nsight Compute, int8 at 8192^2: 124 registers per thread, 23% occupancy, DRAM 60% busy).
+  Tried and dropped for int4: the int8 kernel's deferred reduction, and nibbles split against
+  even/odd inputs instead of join + reshape (both slower).
 
 Without a GPU the package sets TRITON_INTERPRET=1 before these kernels are defined
 (kernels/__init__.py), so the same code runs, slowly, on the CPU for the tests.
@@ -83,21 +85,29 @@ def _pow2_at_least(n: int) -> int:
 
 
 def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None) -> Config:
-    """The block sizes used for a call (chosen for an H100, see the module docstring).
+    """The block sizes used for a call, chosen from sweeps on an H100 (`python
+    benchmarks/dequant_matmul.py --sweep`; figures in benchmarks/RESULTS.md).
 
-    FMA path for M <= 4: BLOCK_N = 16 rows, 16 weight bytes per thread per step with 4 warps
-    (w8: 16 x 128 int8; w4: 16 x 256 codes = 16 x 128 bytes), i.e. 2 KiB per program per step,
-    ~3 steps in flight. Dot path for larger M: 16 rows of x (64 for prefill-sized M)."""
+    M = 1 (a matrix-vector product, the decode case): the FMA path. w8 steps over [8, 1024]
+    int8 tiles (8 KiB) with 4 warps; w4 over [16, 1024] codes (8 KiB) with 8 warps.
+    M >= 2: the tensor-core path, 16 rows of x (64 for prefill-sized M). Already at M = 4 it
+    beat the FMA path on the H100: the FMA path's CUDA-core work grows with M, while the padded
+    rows of the dot cost no memory traffic. int4 groups under 32 codes always take the FMA path
+    (tl.dot needs K tiles >= 16)."""
     if kind not in ("w8", "w4"):
         raise ValueError(f"kind must be 'w8' or 'w4', got {kind!r}")
-    small = M <= 4
-    if kind == "w4" and group_size is not None and group_size < 32:
-        small = True  # tl.dot needs K tiles >= 16, i.e. groups of >= 32 codes per step
-    if small:
-        block_k = 128 if kind == "w8" else max(256, group_size or 0)
-        return Config(False, min(_pow2_at_least(M), 4), 16, block_k)
-    block_m, block_n = (16, 32) if M <= 16 else (64, 64)
-    return Config(True, block_m, block_n, 64 if kind == "w8" else group_size)
+    small_group = kind == "w4" and group_size is not None and group_size < 32
+    if M == 1:
+        if kind == "w8":
+            return Config(False, 1, 8, 1024, num_warps=4, num_stages=3)
+        return Config(False, 1, 16, max(1024, group_size or 0), num_warps=8, num_stages=3)
+    if small_group:
+        return Config(False, min(_pow2_at_least(M), 4), 16, 256)
+    if M > 16:
+        return Config(True, 64, 64, 64 if kind == "w8" else group_size)
+    if kind == "w8":
+        return Config(True, 16, 32, 64, num_stages=4)
+    return Config(True, 16, 32, group_size, num_stages=3)
 
 
 def _check_config(cfg: Config, kind: str, group_size: int | None) -> None:
@@ -166,21 +176,22 @@ def _w8a16_fma_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K,
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    n_ok = offs_n < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    n_ok, m_ok = offs_n < N, offs_m < M
+    # products are summed elementwise and reduced over k once, after the loop: no cross-thread
+    # reduction inside it, so each step is loads + converts + multiply-adds
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
         q = tl.load(q_ptr + offs_n[:, None] * sqn + k[None, :] * sqk,
                     mask=n_ok[:, None] & k_ok[None, :], other=0)
         w = _int8_to_f32(q)                                              # [BLOCK_N, BLOCK_K]
-        for i in tl.static_range(BLOCK_M):                               # reuse w for each row
-            m = pid_m * BLOCK_M + i
-            xr = tl.load(x_ptr + m * sxm + k * sxk, mask=k_ok & (m < M), other=0.0)
-            part = tl.sum(w * xr.to(tl.float32)[None, :], axis=1)         # [BLOCK_N]
-            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        xt = tl.load(x_ptr + offs_m[:, None] * sxm + k[None, :] * sxk,
+                     mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        acc += w[None, :, :] * xt[:, None, :]                            # every row of x
     s = tl.load(s_ptr + offs_n * ss, mask=n_ok, other=0.0).to(tl.float32)
-    _finish(acc * s[None, :], b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
+    _finish(tl.sum(acc, axis=2) * s[None, :], b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N,
+            HAS_BIAS)
 
 
 @triton.jit

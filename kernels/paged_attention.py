@@ -87,11 +87,12 @@ class DecodeConfig:
 
 
 def pick_decode_config(head_dim: int, group: int) -> DecodeConfig:
-    """A rule chosen for an H100, untuned (`benchmarks/paged_attention.py --sweep` tries
-    others): a [64, H] tile of K and of V per step is 32 KiB in bf16 at H = 128, enough bytes in
-    flight per program with two stages; bigger query groups (MQA) get 8 warps for the dots."""
-    block_n = 64 if head_dim <= 128 else 32
-    return DecodeConfig(block_n=block_n, num_warps=8 if group > 16 else 4, num_stages=2)
+    """Tiles measured on an H100 (benchmarks/paged_attention.py --sweep, B=32, L=4096, 32/8
+    heads, H=128, bf16; figures in benchmarks/RESULTS.md): [128, H] tiles of K and of V per step
+    (32 KiB each in bf16) with 8 warps beat the first guess, [64, H] with 4 warps, by about 5%.
+    Bigger heads halve the tile to keep the float32 copies of K and V in registers."""
+    block_n = 128 if head_dim <= 128 else 64
+    return DecodeConfig(block_n=block_n, num_warps=8, num_stages=2)
 
 
 def _check_config(cfg: DecodeConfig) -> None:

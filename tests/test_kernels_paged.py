@@ -346,7 +346,12 @@ def test_unused_table_entries_may_hold_anything():
 @pytest.mark.parametrize("splits", [0, 2.0, True])
 def test_split_rejects_bad_num_splits(fn, splits):
     with pytest.raises(ValueError, match="num_splits must be a positive int"):
-        fn(**_decode_args(), num_splits=splits)
+        fn(**_on_dev(_decode_args()), num_splits=splits)
+
+
+def _on_dev(args: dict) -> dict:
+    """The arguments on the device the compiled kernels accept (CUDA where there is one)."""
+    return {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
 
 
 WRITE_BAD = [
@@ -387,8 +392,8 @@ def test_config_rules_and_empty_batch():
     for fn in (paged_attention_decode, paged_attention_decode_split, paged_attention_decode_ref,
                paged_attention_decode_split_ref):
         assert fn(**a).shape == (0, 4, 8)
-    write_kv(**_write_args(k=torch.zeros(0, 2, 8), v=torch.zeros(0, 2, 8),
-                           slot_mapping=torch.zeros(0, dtype=torch.int64)))
+    write_kv(**_on_dev(_write_args(k=torch.zeros(0, 2, 8), v=torch.zeros(0, 2, 8),
+                                   slot_mapping=torch.zeros(0, dtype=torch.int64))))
     if not torch.cuda.is_available():
         assert pa.INTERPRET, "kernels/ must switch Triton to its interpreter without CUDA"
 

@@ -1,6 +1,7 @@
 """The serving engine (labs 06/07): outputs equal the plain cached loop, preemption loses nothing,
 prefix sharing and forks share blocks, the lab 06 trace is served whole, static batching is a
 faithful baseline, metrics and the trace generator are right, bad input is refused."""
+import copy
 import math
 
 import pytest
@@ -136,12 +137,16 @@ def test_parallel_sampling_forks_and_copies_on_write(model):
 @pytest.mark.parametrize("backend", ["torch", "reference", "triton", "triton-split"])
 def test_attention_backends_agree(model, backend):
     """The decode half through each backend: torch (CPU default), the kernels' torch reference,
-    and the Triton kernels (CPU interpreter here, set by conftest; compiled on a GPU)."""
+    and the Triton kernels (CPU interpreter here, set by conftest; compiled, with the model and
+    its paged cache on the GPU, where there is one). The reference always runs on the CPU."""
+    on_gpu = backend.startswith("triton") and torch.cuda.is_available()
     if backend.startswith("triton"):
         pytest.importorskip("triton")
     ps = prompts(5, seed=7)
     params = [SamplingParams(temperature=0, max_new_tokens=10)] * 5
-    eng = LLMEngine(model, block_size=4, max_num_seqs=3, backend=backend)
+    served = copy.deepcopy(model).cuda() if on_gpu else model
+    eng = LLMEngine(served, block_size=4, max_num_seqs=3, backend=backend)
+    assert eng.device.type == ("cuda" if on_gpu else "cpu")
     assert eng.generate(ps, params) == reference(model, ps, params)
 
 
