@@ -17,11 +17,14 @@ At these M the matmul is memory-bound, so the figure of merit is bytes / time:
   speedup       median bf16 time / median kernel time (> 1: faster than cuBLAS)
 
 How it times (the rules of minillm.bench, on the GPU): every kernel is checked against its torch
-reference first; then warm-up rounds (compile, cuBLAS heuristics); then rounds that call bf16,
-w8, w4 in turn (interleaved). Before each call the L2 cache (50 MB on an H100, more than a
-4096 x 4096 bf16 weight) is flushed by reading a 256 MiB buffer, so every call streams its weight
-from HBM as in a real forward pass; CUDA events around the call give its GPU time (the CPU
-launch overlaps the flush). Reported: the median over --repeats rounds.
+reference first; then warm-up rounds of the same calls (at least 0.3 s, 2 s in the first run,
+so that the SM clock is up: these kernels' time follows it); then rounds that call bf16, w8, w4
+in turn (interleaved). Before each call the L2 cache (50 MB on an H100, more than a 4096 x 4096
+bf16 weight) is flushed by reading a 256 MiB buffer, so every call streams its weight from HBM
+as in a real forward pass, and a 50 us GPU sleep is queued so that the call is enqueued before
+its start event fires; CUDA events around the call give its GPU time, without the CPU's launch
+cost. Reported: the median over --repeats rounds. (benchmarks/common.py; RESULTS.md has the
+experiments behind these choices.)
 
 Goals (issue 5, batch 1): w4a16 >= 2.5x and w8a16 >= 1.6x faster than bf16. The ideal is the
 byte ratio: bf16 = 2 bytes per weight, int8 = 1 (+ 4 / K), int4 = 0.5 + 8 / G.

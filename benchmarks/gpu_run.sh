@@ -4,8 +4,8 @@
 #      CPU interpreter;
 #   2. benchmarks/dequant_matmul.py and benchmarks/paged_attention.py (the issues' settings);
 #   3. their block-size sweeps (dequant: M = 1 only, the FMA path).
-# PAGED_SWEEP=0 / DEQUANT_SWEEP=0 skip a sweep. Logs and JSON go to $OUT (default benchmarks/out/). Figures go to benchmarks/RESULTS.md by hand,
-# with the device, date and this command.
+# PAGED_SWEEP=0 / DEQUANT_SWEEP=0 skip a sweep. Logs and JSON go to $OUT (default benchmarks/out/,
+# git-ignored). Figures go to benchmarks/RESULTS.md by hand, with the device, date and command.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out}
 mkdir -p "$OUT"

@@ -40,6 +40,12 @@ Kernel design (one program = one BLOCK_N slice of output features, looping over 
   row of x; scale and zero are applied once per group. The int4 FMA path loads a 3-D tile
   [BLOCK_N, groups per step, G] so the per-group sums are one tl.sum; the dot path steps one
   group at a time. int8 has one scale per row, applied once at the end.
+* Numerics: every load is upcast to float32 right away (the Triton CPU interpreter computes
+  garbage in bf16/fp16), accumulation is float32. The dot path feeds the tensor cores codes and
+  x in x's 16-bit dtype -- exact, since codes are small integers and x already is that dtype --
+  and uses full float32 ("ieee") for float32 x; in the interpreter it always dots in float32.
+* Every load and store is masked: N need not be a multiple of BLOCK_N, M of BLOCK_M, K of
+  BLOCK_K; tensors can be strided views (offsets use the strides passed in).
 * What the H100 measured (benchmarks/RESULTS.md): at M = 1 these kernels beat cuBLAS bf16 by
   1.38-1.60x, short of the byte ratios (2x, 3.6x): they reach 40-68% of copy bandwidth, limited by
   the instructions per weight (unpack, convert, multiply-add) and by too few loads in flight
