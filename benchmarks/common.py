@@ -1,5 +1,6 @@
 """What both GPU benchmark scripts share: interleaved timing with the L2 cache flushed before
-each call, and the bytes a call must move."""
+each call, the bytes a call must move, the device-copy bandwidth they are compared with, and the
+correctness check that runs before anything is timed."""
 from __future__ import annotations
 
 import os
@@ -18,12 +19,12 @@ class Timer:
     """Interleaved timing of several calls: CUDA events with the L2 flushed before each call on
     a GPU, perf_counter on the CPU (dry runs only)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, first_warmup_s: float = 2.0):
         self.cuda = device.type == "cuda"
         # overridable to check that neither changes what is measured
         self.sleep_cycles = int(os.environ.get("BENCH_SLEEP_CYCLES", 100_000))   # about 50 us
         self.warmup_s = float(os.environ.get("BENCH_WARMUP_S", 0.3))
-        self.first_warmup_s = 2.0   # the first run of a process also waits for the clock to rise
+        self.first_warmup_s = first_warmup_s   # the first run also waits for the clock to rise
         if self.cuda:
             self.flush_buf = torch.ones(256 * 2**20 // 4, dtype=torch.float32, device=device)
 
@@ -75,3 +76,27 @@ class Timer:
         torch.cuda.synchronize()
         return {name: statistics.median(s.elapsed_time(e) / 1e3 for s, e in pairs)
                 for name, pairs in events.items()}
+
+
+def check(got: torch.Tensor, want: torch.Tensor, what: str, tol: float = 2e-2) -> float:
+    """max |got - want| / max |want|; exits (SystemExit) above `tol`: a wrong kernel is never
+    timed."""
+    err = float((got.float() - want.float()).abs().max()
+                / want.float().abs().max().clamp(min=1e-6))
+    if not err < tol:
+        raise SystemExit(f"{what}: result differs from the torch reference (relative error "
+                         f"{err:.3g}); not timing a wrong kernel")
+    return err
+
+
+def copy_bandwidth(device: torch.device | str = "cuda", nbytes_: int = 2**30,
+                   repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written per second)."""
+    device = torch.device(device)
+    src = torch.empty(nbytes_, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    # a copy is bound by memory, not the SM clock: no long warm-up (and 2 s of back-to-back
+    # 1 GiB copies would heat the memory before the kernels are timed)
+    t = Timer(device, first_warmup_s=0.0).run({"copy": lambda: dst.copy_(src)}, warmup=3,
+                                              repeats=repeats)["copy"]
+    return 2 * src.numel() / t / 1e9

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -43,26 +42,9 @@ import torch
 
 # Run from anywhere: import the repo's kernels/ package rather than whatever is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, nbytes  # noqa: E402
+from benchmarks.common import Timer, check, copy_bandwidth, nbytes  # noqa: E402
 
 GOALS = {"w4a16": 2.5, "w8a16": 1.6}  # speed-up over bf16 at batch 1
-
-
-def copy_bandwidth(gib: float = 1.0, repeats: int = 20) -> float:
-    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written per second)."""
-    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() / statistics.median(times) / 1e9
 
 
 def make_layer(N: int, K: int, group: int, gen: torch.Generator):
@@ -71,15 +53,6 @@ def make_layer(N: int, K: int, group: int, gen: torch.Generator):
     q8, s8 = quantize_w8(w)
     q4, s4, z4 = quantize_w4(w, group)
     return {"bf16": w.to(torch.bfloat16), "w8": (q8, s8), "w4": (q4, s4, z4)}
-
-
-def check(got: torch.Tensor, want: torch.Tensor, what: str) -> float:
-    err = ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-6))
-    err = float(err)
-    if not err < 2e-2:
-        raise SystemExit(f"{what}: Triton result differs from the torch reference "
-                         f"(relative error {err:.3g}); not timing a wrong kernel")
-    return err
 
 
 def bench_shape(N: int, K: int, batches, group: int, timer: Timer, copy_gbps: float,

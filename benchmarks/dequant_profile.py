@@ -25,10 +25,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 0
-    from kernels import quantize_w4, quantize_w8, w4a16_matmul, w8a16_matmul
-    w = torch.randn(args.size, args.size, device="cuda") * args.size ** -0.5
-    q8, s8 = quantize_w8(w)
-    q4, s4, z4 = quantize_w4(w, args.group)
+    from benchmarks.dequant_matmul import make_layer
+    from kernels import w4a16_matmul, w8a16_matmul
+    layer = make_layer(args.size, args.size, args.group, torch.Generator().manual_seed(0))
+    q8, s8 = layer["w8"]
+    q4, s4, z4 = layer["w4"]
     x = torch.randn(args.batch, args.size, device="cuda", dtype=torch.bfloat16)
     for _ in range(2):
         w8a16_matmul(x, q8, s8)

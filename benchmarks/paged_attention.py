@@ -46,21 +46,13 @@ import torch.nn.functional as F
 
 # Run from anywhere: import the repo's kernels/ package rather than whatever is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, nbytes  # noqa: E402
+from benchmarks.common import Timer, check, copy_bandwidth, nbytes  # noqa: E402
 
 GOALS = {"pct_of_copy": 75.0, "vs_sdpa": 0.9, "split_speedup": 4.0}
 FULL = {"batch": dict(B=32, L=4096, N=32, K=8, H=128, block=16),
         "long": dict(B=1, L=32768, N=32, K=8, H=128, block=16)}
 DRY = {"batch": dict(B=2, L=40, N=8, K=2, H=16, block=4),
        "long": dict(B=1, L=96, N=8, K=2, H=16, block=4)}
-
-
-def copy_bandwidth(device: torch.device, nbytes_: int, repeats: int) -> float:
-    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written per second)."""
-    src = torch.empty(nbytes_, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    t = Timer(device).run({"copy": lambda: dst.copy_(src)}, warmup=3, repeats=repeats)["copy"]
-    return 2 * src.numel() / t / 1e9
 
 
 # ---- the problem -------------------------------------------------------------------------------
@@ -96,15 +88,6 @@ def sdpa_grouped(q, k, v):
     B, N, H = q.shape
     K = k.shape[1]
     return F.scaled_dot_product_attention(q.reshape(B, K, N // K, H), k, v).reshape(B, N, H)
-
-
-def check(got, want, what: str, tol: float = 2e-2) -> float:
-    err = float((got.float() - want.float()).abs().max()
-                / want.float().abs().max().clamp(min=1e-6))
-    if not err < tol:
-        raise SystemExit(f"{what}: result differs from the torch reference (relative error "
-                         f"{err:.3g}); not timing a wrong kernel")
-    return err
 
 
 # ---- the two settings --------------------------------------------------------------------------

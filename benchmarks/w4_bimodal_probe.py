@@ -8,15 +8,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import Timer  # noqa: E402
+from benchmarks.dequant_matmul import make_layer  # noqa: E402
 
 
 def main() -> int:
+    if not torch.cuda.is_available():
+        print("benchmarks/w4_bimodal_probe.py times a GPU kernel and needs a CUDA GPU; none here")
+        return 0
     import triton.testing
-    from kernels import quantize_w4, w4a16_matmul
+    from kernels import w4a16_matmul
     g = torch.Generator().manual_seed(0)
-    w = (torch.randn(4096, 4096, generator=g) / 64).cuda()
-    q, s, z = quantize_w4(w, 128)
+    q, s, z = make_layer(4096, 4096, 128, g)["w4"]
     x = torch.randn(1, 4096, generator=g).to("cuda", torch.bfloat16)
+
     def fn():
         return w4a16_matmul(x, q, s, z, 128)
     t = Timer(torch.device("cuda")).run({"w4": fn}, 5, 50)["w4"]
