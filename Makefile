@@ -38,7 +38,9 @@ clean-venv:
 # Grading (autograder/README.md). release: student versions of every lab (or LABS="00_sampling
 # 01_roofline") -> build/release/, registered in build/gradebook.db; overwrites build/release.
 # grade: SUBMISSIONS=dir holding dir/<student>/<lab>/<lab>.ipynb -> gradebook, build/grades.csv,
-# build/feedback/. selfgrade: NB=path/to/notebook.ipynb, graded in a temporary course.
+# build/feedback/; JOBS=N executes N at once, SCHEDULER=tcp://host:port on a Dask cluster; each
+# kernel runs in a bubblewrap sandbox (apt-get install bubblewrap; see autograder/README.md).
+# selfgrade: NB=path/to/notebook.ipynb, graded in a temporary course.
 .PHONY: release grade selfgrade
 
 release: $(STAMP)
@@ -46,7 +48,8 @@ release: $(STAMP)
 
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=dir (dir/<student>/<lab>/<lab>.ipynb)"; exit 2; }
-	$(PY) -m autograder grade "$(SUBMISSIONS)"
+	$(PY) -m autograder grade "$(SUBMISSIONS)" $(if $(JOBS),--jobs $(JOBS),) \
+		$(if $(SCHEDULER),--scheduler $(SCHEDULER),)
 
 selfgrade: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make selfgrade NB=path/to/notebook.ipynb"; exit 2; }

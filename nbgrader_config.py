@@ -49,34 +49,53 @@ c.GuardedExecute.notebook_timeout = 900           # seconds per notebook
 c.LimitOutput.max_lines = 1000
 
 
-def _guarded_execute():
-    """autograder/execute.py, loaded by path: importing the `autograder` package would import
+def _load(name):
+    """autograder/<name>.py, loaded by path: importing the `autograder` package would import
     torch (3 s) into every nbgrader process for nothing."""
     spec = importlib.util.find_spec("autograder")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "execute.py")
-    if "autograder_execute" not in sys.modules:
-        mspec = importlib.util.spec_from_file_location("autograder_execute", path)
+    path = os.path.join(list(spec.submodule_search_locations)[0], f"{name}.py")
+    if f"autograder_{name}" not in sys.modules:
+        mspec = importlib.util.spec_from_file_location(f"autograder.{name}", path)
         module = importlib.util.module_from_spec(mspec)
-        sys.modules["autograder_execute"] = module
+        sys.modules[f"autograder_{name}"] = module
         mspec.loader.exec_module(module)
-    return sys.modules["autograder_execute"].GuardedExecute
+    return sys.modules[f"autograder_{name}"]
 
 
 try:
-    GuardedExecute = _guarded_execute()
+    execute = _load("execute")
 except Exception as e:                             # nbgrader without our package: plain Execute
     print(f"nbgrader_config.py: autograder/execute.py not loaded ({e!r}); using nbgrader's "
           f"Execute (no per-notebook timeout)", file=sys.stderr)
-    GuardedExecute = None
+    execute = None
 
-if GuardedExecute is not None:
+if execute is not None:
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,
                                         LimitOutput, SaveAutoGrades)
 
-    # nbgrader 0.9.6's default list with Execute replaced by GuardedExecute.
-    c.Autograde.autograde_preprocessors = [GuardedExecute, IgnorePattern,
+    # nbgrader 0.9.6's default list with Execute replaced: `python -m autograder grade`
+    # executes each submission in a sandboxed job and sets AUTOGRADER_REPLAY, so nbgrader only
+    # replays the outputs (ReplayExecute). A plain `nbgrader autograde` runs the notebook here,
+    # without the sandbox (GuardedExecute): use `python -m autograder grade` for submissions.
+    runner = execute.ReplayExecute if os.environ.get("AUTOGRADER_REPLAY") else \
+        execute.GuardedExecute
+    c.Autograde.autograde_preprocessors = [runner, IgnorePattern,
                                            ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
                                            AssignLatePenalties, CheckCellMetadata]
+
+# Feedback shows each graded cell's visible part, score and failure message, never the hidden
+# tests (autograder/feedback.py); AUTOGRADER_FEEDBACK_HIDDEN=1 (grade
+# --feedback-with-hidden-tests) keeps them.
+if not os.environ.get("AUTOGRADER_FEEDBACK_HIDDEN"):
+    try:
+        from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+        from nbgrader.preprocessors import GetGrades
+        feedback = _load("feedback")
+        c.GenerateFeedback.preprocessors = [GetGrades, feedback.HideHiddenTests,
+                                            CSSHTMLHeaderPreprocessor]
+    except Exception as e:
+        raise RuntimeError(f"nbgrader_config.py: autograder/feedback.py not loaded ({e!r}); "
+                           "refusing to write feedback that would show the hidden tests")

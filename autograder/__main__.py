@@ -31,6 +31,14 @@ def main(argv: list[str] | None = None) -> int:
                                      " build/grades.csv and build/feedback/")
     p.add_argument("submissions", help="directory of submissions: DIR/<student>/<lab>/<nb>.ipynb")
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="execute N submissions at once on this machine (default 1)")
+    p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
+                   help="execute the submissions on the workers of this Dask cluster")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="run student code without the sandbox (unsafe; prints a warning)")
+    p.add_argument("--feedback-with-hidden-tests", action="store_true",
+                   help="show the hidden tests in the feedback (default: never)")
     _limits(p)
 
     p = sub.add_parser("selfgrade", help="grade your own notebook (hidden tests included)")

@@ -3,13 +3,19 @@
 Everything these helpers call (torch functions, the hook registration, getattr/setattr...) is
 bound when `autograder` is imported, which the grader does before the first notebook cell runs,
 so a submission that monkeypatches torch or builtins afterwards cannot change their verdict.
+
+`reference_disabled` disables the reference function objects themselves, by swapping their
+`__code__` for code that raises, so every alias of them fails while the block runs (see its
+docstring for what it covers and its one known gap: a copy of the reference's code object or
+source taken before the block).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import math
-import sys
+import types
 from typing import Any
 
 import numpy as np
@@ -36,7 +42,12 @@ _register_pre_hook = torch.nn.Module.register_forward_pre_hook
 _Module = torch.nn.Module
 _import_module = importlib.import_module
 _getattr, _setattr, _isinstance, _callable = getattr, setattr, isinstance, callable
-_modules = sys.modules
+_hasattr, _id, _len, _type, _all, _list, _set, _reversed = \
+    hasattr, id, len, type, all, list, set, reversed
+_compile, _exec, _range = compile, exec, range
+_FunctionType, _MethodType = types.FunctionType, types.MethodType
+_staticmethod, _classmethod, _property = staticmethod, classmethod, property
+_cached_property = functools.cached_property
 
 
 # --- assert_close -----------------------------------------------------------------------------
@@ -122,14 +133,19 @@ def assert_close(actual: Any, expected: Any, *, atol: float = 1e-5, rtol: float 
 
 
 # --- reference_disabled -----------------------------------------------------------------------
+# id(function) -> (function, its own code object), for every function some active block disabled.
+# The entry keeps the function alive, so its id stays unique while it is listed.
+_disabled: dict[int, tuple[Any, Any]] = {}
+
+
 def _resolve(dotted: str):
-    """'pkg.mod.Class.attr' -> (owner object, attribute name, current value)."""
+    """'pkg.mod.Class.attr' -> the object that name refers to now."""
     parts = dotted.split(".")
-    if len(parts) < 2 or not all(parts):
+    if _len(parts) < 2 or not _all(parts):
         raise ValueError(f"expected a dotted name like 'minillm.sampling.top_p_filter', "
                          f"got {dotted!r}")
     owner, rest = None, None
-    for cut in range(len(parts) - 1, 0, -1):        # longest importable module prefix
+    for cut in _range(_len(parts) - 1, 0, -1):      # longest importable module prefix
         try:
             owner = _import_module(".".join(parts[:cut]))
         except ImportError:
@@ -138,77 +154,141 @@ def _resolve(dotted: str):
         break
     if owner is None:
         raise ValueError(f"cannot import any module prefix of {dotted!r}")
-    for attr in rest[:-1]:
+    for attr in rest:
+        if not _hasattr(owner, attr):
+            raise ValueError(f"{dotted!r}: {owner!r} has no attribute {attr!r}")
         owner = _getattr(owner, attr)
-    if not hasattr(owner, rest[-1]):
-        raise ValueError(f"{dotted!r}: {owner!r} has no attribute {rest[-1]!r}")
-    return owner, rest[-1], _getattr(owner, rest[-1])
+    return owner
 
 
-def _make_guard(dotted: str, original):
-    message = (f"{dotted} is disabled during grading: this check compares your code with the "
-               f"reference, so implement it yourself instead of calling {dotted}")
+def _functions_in(value, found: list, seen: set) -> None:
+    """Append to `found` the Python functions whose code runs when `value` is called or used:
+    a function and the functions it wraps (`__wrapped__`, left by functools.wraps and decorators
+    such as torch.no_grad()), the function of a bound method, staticmethod or classmethod, and
+    the getter/setter/deleter of a property."""
+    while _isinstance(value, _MethodType):
+        value = value.__func__
+    if _isinstance(value, (_staticmethod, _classmethod)):
+        _functions_in(value.__func__, found, seen)
+    elif _isinstance(value, _property):
+        for accessor in (value.fget, value.fset, value.fdel):
+            if accessor is not None:
+                _functions_in(accessor, found, seen)
+    elif _isinstance(value, _cached_property):
+        _functions_in(value.func, found, seen)
+    elif _isinstance(value, _FunctionType) and _id(value) not in seen:
+        seen.add(_id(value))
+        found.append(value)
+        wrapped = _getattr(value, "__wrapped__", None)
+        if wrapped is not None:
+            _functions_in(wrapped, found, seen)
 
-    def disabled(*args, **kwargs):
-        raise AssertionError(message)
 
-    disabled.__name__ = _getattr(original, "__name__", dotted.rsplit(".", 1)[-1])
-    disabled.__qualname__ = disabled.__name__
-    disabled.__doc__ = message
-    disabled.__autograder_disabled__ = dotted
-    return disabled
+def _functions_to_disable(dotted: str, obj) -> list:
+    """The functions whose code `reference_disabled(dotted)` swaps. For a class: those defined in
+    its own body (methods, static/class methods, property accessors, dunders; not what it
+    inherits), counted as the class's when they come from the class's module or carry its
+    qualified name, so a helper of some other library assigned in the body is left alone."""
+    found: list = []
+    if _isinstance(obj, _type):
+        module = obj.__dict__.get("__module__")
+        prefix = f"{_getattr(obj, '__qualname__', obj.__name__)}."
+        candidates: list = []
+        for value in _list(obj.__dict__.values()):
+            _functions_in(value, candidates, _set())
+        for f in candidates:
+            if (f.__module__ == module or f.__qualname__.startswith(prefix)) and f not in found:
+                found.append(f)
+        if not found:
+            raise ValueError(f"cannot disable {dotted!r}: class {obj.__qualname__} defines no "
+                             f"Python functions of its own (a builtin or C-extension class?)")
+        return found
+    _functions_in(obj, found, _set())
+    if not found:
+        raise ValueError(f"cannot disable {dotted!r}: it is a {_type(obj).__name__}, not a Python "
+                         f"function or class (builtins, C functions and modules cannot be "
+                         f"disabled)")
+    return found
 
 
-def _alias_namespaces(root_pkg: str) -> list[dict]:
-    """Namespaces searched for aliases: the notebook (__main__) and every loaded module of the
-    package the name belongs to (so `from .sampling import sample` in a sibling module is
-    guarded as well)."""
-    spaces = []
-    main = _modules.get("__main__")
-    if main is not None:
-        spaces.append(main.__dict__)
-    for modname, mod in list(_modules.items()):
-        if mod is None or modname == "__main__":
-            continue
-        if modname == root_pkg or modname.startswith(root_pkg + "."):
-            d = _getattr(mod, "__dict__", None)
-            if _isinstance(d, dict):
-                spaces.append(d)
-    return spaces
+def private_copy(fn):
+    """A new function object sharing `fn`'s code, globals, defaults and closure: grading code
+    that must keep using a reference while a test disables it (`reference_disabled` swaps the
+    code of `fn` itself, so every alias of `fn` is disabled) binds this copy at import."""
+    if _type(fn) is not _FunctionType:
+        raise TypeError(f"private_copy needs a Python function, got {_type(fn).__name__}")
+    copy = _FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                         fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__, copy.__doc__ = fn.__qualname__, fn.__doc__
+    return copy
+
+
+def _guard_code(message: str, original):
+    """A code object that raises AssertionError(message) whatever it is called with, with as many
+    free variables as `original` (assigning __code__ requires that). The message is a constant of
+    the code and `assert` loads AssertionError without a global lookup (compiled with
+    optimize=0, so it is kept under `python -O`), so nothing in the function's own __globals__
+    (the reference module's) or in builtins can change what it does."""
+    n_free = _len(original.co_freevars)
+    free = [f"_ag_free{i}" for i in _range(n_free)]
+    lines = ["def _ag_outer():"]
+    lines += [f"    {name} = None" for name in free]
+    lines += ["    def _ag_guard(*_ag_args, **_ag_kwargs):",
+              f"        assert False, {message!r}"]
+    if free:                                        # never runs; makes the names free variables
+        lines.append(f"        ({', '.join(free)},)")
+    lines.append("    return _ag_guard")
+    namespace: dict = {"__builtins__": {}}
+    _exec(_compile("\n".join(lines) + "\n", "<autograder: reference disabled>", "exec",
+                   dont_inherit=True, optimize=0), namespace)
+    code = namespace["_ag_outer"]().__code__
+    return code.replace(co_name=original.co_name)
 
 
 @contextlib.contextmanager
 def reference_disabled(*dotted_names: str):
-    """Replace each reference function (e.g. "minillm.sampling.top_p_filter") by one that raises
-    AssertionError while the block runs, so a solution that delegates to the reference fails.
+    """Make each named reference ("minillm.sampling.top_p_filter") raise AssertionError while the
+    block runs, so a solution that delegates to the reference fails.
 
-    Besides the attribute itself, every alias of the same object in the notebook's namespace
-    (`from minillm.sampling import top_p_filter as f`) and in the loaded modules of the same
-    package is replaced; internal callers that look the name up through their module hit the guard
-    too. Everything is restored on exit, also when the block raises.
+    What is disabled is the function object itself: its `__code__` is swapped for code that
+    raises "<name> is disabled during grading: ... implement it yourself instead of calling
+    <name>", whatever the arguments (generators and async functions raise on the call). So every
+    alias of the object fails, however it is reached: an imported name, a default argument, a
+    closure, a list or dict, a functools.partial, a student class's attribute, the reference's
+    own internal callers. A decorated reference is disabled together with the functions it wraps
+    (`__wrapped__`). For a reference class, every function defined in its body (methods,
+    static/class methods, property accessors, `__init__`, `__call__`...; not inherited ones) is
+    disabled, so its instances, bound methods and subclasses hit the guard too. A name that
+    refers to a method or property of a class disables just that.
+
+    Everything is restored on exit, also when the block raises. Blocks nest: an inner block
+    naming an already disabled function leaves it to the outer one. Builtins, C functions and
+    modules cannot be disabled (ValueError), nor can unknown names.
+
+    Limit: a submission that copies the reference's code object (`f.__code__`) into a new
+    function, or its source text, before the block runs keeps a working copy; this guard does
+    not stop that.
     """
-    replaced: list[tuple[Any, str, Any, Any]] = []      # (owner, attr, original, guard)
-    aliased: list[tuple[dict, str, Any, Any]] = []      # (namespace, key, original, guard)
+    targets = [(dotted, _functions_to_disable(dotted, _resolve(dotted)))
+               for dotted in dotted_names]          # resolve (and import) everything first
+    mine: list = []                                 # the functions this block disabled
     try:
-        for dotted in dotted_names:
-            owner, attr, original = _resolve(dotted)
-            if _getattr(original, "__autograder_disabled__", None):
-                continue                                # already disabled by an outer block
-            guard = _make_guard(dotted, original)
-            _setattr(owner, attr, guard)
-            replaced.append((owner, attr, original, guard))
-            for ns in _alias_namespaces(dotted.split(".", 1)[0]):
-                for key, value in list(ns.items()):
-                    if value is original:
-                        ns[key] = guard
-                        aliased.append((ns, key, original, guard))
+        for dotted, functions in targets:
+            message = (f"{dotted} is disabled during grading: this check compares your code with "
+                       f"the reference, so implement it yourself instead of calling {dotted}")
+            for f in functions:
+                if _id(f) in _disabled:
+                    continue                        # an outer block (or an earlier name) has it
+                original = _getattr(f, "__code__")
+                _setattr(f, "__code__", _guard_code(message, original))
+                _disabled[_id(f)] = (f, original)
+                mine.append(f)
         yield
     finally:
-        for ns, key, original, guard in reversed(aliased):
-            if ns.get(key) is guard:                    # leave names the block rebound alone
-                ns[key] = original
-        for owner, attr, original, guard in reversed(replaced):
-            _setattr(owner, attr, original)
+        for f in _reversed(mine):
+            _, original = _disabled.pop(_id(f))
+            _setattr(f, "__code__", original)
 
 
 # --- WorkCounter ------------------------------------------------------------------------------

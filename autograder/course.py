@@ -69,7 +69,7 @@ def _ensure_alembic_on_path() -> None:
 
 
 # --- process control --------------------------------------------------------------------------
-def _limits(mem_bytes: int | None):
+def limits_preexec(mem_bytes: int | None):
     def apply():
         import resource
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -126,7 +126,7 @@ def run_logged(cmd: list[str], *, cwd: Path, log: Path | None = None, timeout: f
     with fh:
         proc = subprocess.Popen(cmd, cwd=str(cwd), stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env or subprocess_env(),
-                                start_new_session=True, preexec_fn=_limits(mem_bytes))
+                                start_new_session=True, preexec_fn=limits_preexec(mem_bytes))
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -305,45 +305,26 @@ class Course:
 
     def autograde(self, student: str, lab: str, *, cell_timeout: int | None = None,
                   notebook_timeout: int | None = None, mem_bytes: int | None = None,
-                  wall_timeout: float | None = None, log_dir: Path | None = None) -> GradeRecord:
-        """`nbgrader autograde LAB --student STUDENT --force` in its own limited process, then
-        the scores read back from the gradebook (zeros if nbgrader did not finish)."""
-        args = ["autograde", lab, f"--student={student}", "--force"]
-        if cell_timeout:
-            args.append(f"--Execute.timeout={int(cell_timeout)}")
-        if notebook_timeout:
-            args.append(f"--GuardedExecute.notebook_timeout={int(notebook_timeout)}")
-        if wall_timeout is None:
-            wall_timeout = (notebook_timeout or self.configured_notebook_timeout()) + MARGIN_S
-        log_dir = log_dir or self.build / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        report = log_dir / f"autograde_{student}_{lab}.report.jsonl"
-        report.unlink(missing_ok=True)
-        r = self.nbgrader(*args, log=log_dir / f"autograde_{student}_{lab}.log",
-                          timeout=wall_timeout, mem_bytes=mem_bytes,
-                          env_extra={"AUTOGRADER_REPORT": str(report)})
-        reports = []
-        if report.is_file():
-            reports = [json.loads(line) for line in report.read_text().splitlines() if line]
-        exec_s = sum(x["seconds"] for x in reports) if reports else None
-        if r.timed_out:
-            status = f"killed after {wall_timeout:.0f} s"
-        elif r.returncode != 0 or not reports:
-            status = "failed"
-        elif any(x["kernel_died"] is not None for x in reports):
-            status = "kernel died"
-        elif any(x.get("unresponsive") is not None for x in reports):
-            status = "kernel unresponsive"
-        elif any(x["notebook_timeout"] for x in reports):
-            status = "notebook timeout"
-        elif any(x["cell_timeouts"] for x in reports):
-            status = "cell timeout"
-        else:
-            status = "ok"
-        if status == "failed" or r.timed_out:
-            self.zero_submission(student, lab)
-        return GradeRecord(student=student, lab=lab, status=status, seconds=r.seconds,
-                           exec_seconds=exec_s, cells=self.scores(student, lab), log=r.log)
+                  wall_timeout: float | None = None, sandbox: bool | None = None,
+                  log_dir: Path | None = None) -> GradeRecord:
+        """Grade one submission already in build/submitted: build its job, execute it in a
+        child process (kernel sandboxed unless `sandbox` is False; None = if this machine has
+        the sandbox), then record it with `nbgrader autograde` (see jobs.py)."""
+        from . import jobs
+        from .sandbox import sandbox_unavailable_reason
+        if sandbox is None:
+            sandbox = sandbox_unavailable_reason() is None
+        job = jobs.build_job(self, student, lab, cell_timeout=cell_timeout,
+                             notebook_timeout=notebook_timeout, mem_bytes=mem_bytes,
+                             sandbox=sandbox)
+        if wall_timeout:
+            job["limits"]["wall_timeout"] = wall_timeout
+        return jobs.record(self, job, jobs.execute_job(job), log_dir=log_dir)
+
+    def configured_cell_timeout(self) -> int:
+        text = (self.root / "nbgrader_config.py").read_text()
+        m = re.search(r"Execute\.timeout\s*=\s*(\d+)", text)
+        return int(m.group(1)) if m else 180
 
     def configured_notebook_timeout(self) -> int:
         text = (self.root / "nbgrader_config.py").read_text()
@@ -404,10 +385,14 @@ class Course:
             raise RuntimeError(f"nbgrader export failed; log {r.log}:\n{_tail(r.output)}")
         return path
 
-    def generate_feedback(self, lab: str, log_dir: Path | None = None) -> RunResult:
+    def generate_feedback(self, lab: str, log_dir: Path | None = None,
+                          hidden_tests: bool = False) -> RunResult:
+        """Feedback HTML per student; the hidden tests are left out unless `hidden_tests`."""
         return self.nbgrader("generate_feedback", lab, "--force",
                              log=(log_dir or self.build / "logs") / f"feedback_{lab}.log",
-                             timeout=600)
+                             timeout=600,
+                             env_extra={"AUTOGRADER_FEEDBACK_HIDDEN": "1"} if hidden_tests
+                             else None)
 
 
 def _is_autograded(gb, grade, notebook: str, lab: str, MissingEntry) -> bool:

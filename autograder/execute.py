@@ -1,6 +1,15 @@
-"""The notebook executor the autograder runs inside `nbgrader autograde` (see nbgrader_config.py).
+"""Notebook executors: `GuardedExecute` runs a submission, `ReplayExecute` hands its outputs to
+nbgrader.
 
-It is nbgrader's `Execute` preprocessor with three changes for untrusted submissions:
+`python -m autograder grade` runs each submission as a job (autograder/jobs.py): the job's process
+executes the notebook with `GuardedExecute`, its kernel inside the sandbox, and returns the
+executed notebook; the trusted grader then runs `nbgrader autograde` with `ReplayExecute` in
+place of execution (nbgrader_config.py picks it when AUTOGRADER_REPLAY is set), so nbgrader
+itself scores the outputs and writes the gradebook, and no student code ever runs in a process
+that can reach the gradebook.
+
+`GuardedExecute` is nbgrader's `Execute` preprocessor with these changes for untrusted
+submissions:
 
 * a per-notebook deadline (`GuardedExecute.notebook_timeout`) on top of nbgrader's per-cell
   `Execute.timeout`; cells that would start after it are not run and get a `NotebookTimeout`
@@ -9,18 +18,22 @@ It is nbgrader's `Execute` preprocessor with three changes for untrusted submiss
   out cell was interrupted no longer aborts the whole submission: the cell that was running and
   every later code cell get a `KernelDied` / `KernelUnresponsive` error output, so what ran before keeps its points and the rest scores zero (nbgrader counts a test
   cell without an error output as passed, so unexecuted cells must never be left blank);
-* before the first cell, the kernel imports `autograder` (`setup_code`), which binds the clock and
-  the helpers the test cells use before any student code can patch them.
+* before the first cell, the kernel runs `setup_code`: by default it imports `autograder`, which
+  binds the clock and the helpers the test cells use before any student code can patch them;
+  for a sealed run (`seal`, see autograder/sealed.py) it installs the sealed-cell hook, and
+  after each locked cell the executor collects the kernel's signed verdicts;
+* `sandbox` (an autograder.sandbox.SandboxSpec) starts the kernel inside the sandbox.
 
-If the environment variable AUTOGRADER_REPORT names a file, a JSON line per notebook is appended
-to it: {"notebook", "seconds", "cells", "cell_timeouts", "notebook_timeout", "kernel_died",
-"unresponsive"} (the last two: index of the cell, or null).
+After a run, `last_report` holds {"notebook", "seconds", "cells", "cell_timeouts",
+"notebook_timeout", "kernel_died", "unresponsive"} (the last two: index of the cell, or null)
+and `reports` the kernel's last signed verdicts (autograder/jobs.py checks them).
 
 This module imports only nbgrader/nbclient (not torch): nbgrader_config.py loads it by path
 without importing the `autograder` package, to keep `nbgrader` start-up fast.
 """
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -30,7 +43,9 @@ from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Integer, Unicode
+from traitlets import Any, Dict, Integer, Unicode
+
+REPORT_EXPRESSION = "__import__('autograder.sealed').sealed.report()"
 
 
 def _error_output(ename: str, evalue: str) -> NotebookNode:
@@ -45,6 +60,34 @@ class GuardedExecute(Execute):
     setup_code = Unicode(
         "import autograder", help="Run silently in the kernel before the first cell "
                                   "(a failure is logged, not fatal).").tag(config=True)
+
+    sandbox = Any(None, help="autograder.sandbox.SandboxSpec: run the kernel in this sandbox")
+    seal = Dict({}, help="stub source -> key of each sealed (locked) cell; the kernel's setup "
+                         "code installs the sealed-cell hook")
+    reports = Any(None, help="the latest report text the kernel returned (set by the run)")
+
+    def create_kernel_manager(self):
+        km = super().create_kernel_manager()
+        if self.sandbox is not None:
+            if not hasattr(type(km), "sandbox"):     # never run unsandboxed by mistake
+                raise RuntimeError(f"{type(km).__name__} cannot run a kernel in a sandbox; "
+                                   "use autograder.sandbox.SandboxKernelManager")
+            km.sandbox = self.sandbox
+        return km
+
+    def _collect_report(self) -> None:
+        """Ask the kernel for its signed verdicts (autograder.sealed.report); keep the text."""
+        try:
+            msg_id = self.kc.execute("", silent=True, store_history=False,
+                                     user_expressions={"r": REPORT_EXPRESSION})
+            reply = self.wait_for_reply(msg_id)
+            value = (reply or {}).get("content", {}).get("user_expressions", {}).get("r", {})
+            text = value.get("data", {}).get("text/plain") if value.get("status") == "ok" \
+                else None
+            if isinstance(text, str) and len(text) < 10_000_000:
+                self.reports = ast.literal_eval(text)
+        except Exception as e:          # a kernel that breaks the report loses its verdicts
+            self.log.warning("no sealed report from the kernel: %r", e)
 
     def _remaining(self) -> float:
         return self._deadline - monotonic() if self._deadline is not None else math.inf
@@ -100,6 +143,8 @@ class GuardedExecute(Execute):
                                                f"{timeout} s time limit before this cell")]
                         continue
                     self.preprocess_cell(cell, resources, index)
+                    if cell.source in self.seal:
+                        self._collect_report()
                     report["cells"] += 1
                     if any(o.get("output_type") == "error" and
                            o.get("ename") == self.error_on_timeout.get("ename")
@@ -122,13 +167,43 @@ class GuardedExecute(Execute):
                                                         "; this cell did not run")))
                     cell.outputs = outputs
         report["seconds"] = round(monotonic() - t0, 3)
+        self._write_report(report)
+        return self.nb, self.resources
+
+    def _write_report(self, report: dict) -> None:
         self.set_widgets_metadata()
         self.log.info("autograder execution report: %s", json.dumps(report))
-        path = os.environ.get("AUTOGRADER_REPORT")
-        if path:
-            try:
-                with open(path, "a") as f:
-                    f.write(json.dumps(report) + "\n")
-            except OSError as e:
-                self.log.warning("could not write the execution report to %s: %s", path, e)
-        return self.nb, self.resources
+        self.last_report = report
+
+
+class ReplayExecute(Execute):
+    """Execution by replay: the outputs of each code cell are copied from the notebook a job
+    executed (AUTOGRADER_REPLAY/<student>/<assignment>/<notebook>.ipynb), after checking that
+    the code cells are the same, in the same order. Anything missing or different scores zero:
+    every code cell then gets an error output saying why."""
+
+    def preprocess(self, nb, resources=None, km=None):
+        info = (resources or {}).get("nbgrader", {})
+        root = os.environ.get("AUTOGRADER_REPLAY", "")
+        path = os.path.join(root, str(info.get("student")), str(info.get("assignment")),
+                            f"{info.get('notebook')}.ipynb")
+        why = None
+        try:
+            import nbformat
+            done = nbformat.read(path, as_version=4)
+        except Exception as e:
+            done, why = None, f"no executed notebook ({type(e).__name__}: {e})"
+        cells = [c for c in nb.cells if c.cell_type == "code"]
+        if done is not None:
+            ran = [c for c in done.cells if c.cell_type == "code"]
+            if len(ran) != len(cells) or any(a.source != b.source for a, b in zip(cells, ran)):
+                why = "the executed notebook does not match the submission's code cells"
+            else:
+                for cell, result in zip(cells, ran):
+                    cell.outputs = result.get("outputs", [])
+                    cell.execution_count = result.get("execution_count")
+        if why is not None:
+            self.log.error("replay of %s failed: %s", path, why)
+            for cell in cells:
+                cell.outputs = [_error_output("NotExecuted", why)]
+        return nb, resources

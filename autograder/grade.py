@@ -5,18 +5,30 @@ DIR holds one folder per student, one folder per lab inside it, the notebook ins
     DIR/<student_id>/<lab>/<lab>.ipynb        e.g. submissions/alice/00_sampling/00_sampling.ipynb
 
 (the layout nbgrader's own build/submitted uses; a `timestamp.txt` beside the notebook, if any, is
-used for late penalties). Each submission is copied into build/submitted, the student is
-registered, and `nbgrader autograde` runs for each student x lab in its own limited subprocess
-(see course.py), so one crashing or hanging notebook is graded (zero for what did not run) and
-the batch goes on. Then build/grades.csv (`nbgrader export`) and one feedback HTML per student
-and lab (`nbgrader generate_feedback` -> build/feedback/<student>/<lab>/<lab>.html).
+used for late penalties). Each submission is copied into build/submitted and the student is
+registered; then, per submission (autograder/jobs.py):
+
+1. the grader builds a job: the notebook with its locked cells restored from the gradebook, the
+   lab's released assets, the limits;
+2. the jobs are executed, `--jobs N` at a time on this machine or on the workers of a Dask
+   cluster (`--scheduler tcp://HOST:PORT`), each in a limited child process whose kernel runs
+   in a sandbox (autograder/sandbox.py) with the locked cells sealed (autograder/sealed.py);
+3. the grader alone records each result with `nbgrader autograde` (replaying the executed
+   notebook) into the gradebook, one submission at a time, in the order found.
+
+A crashing, hanging or tampering notebook is graded (zero for what did not run or cannot be
+trusted) and the batch goes on. Then build/grades.csv (`nbgrader export`) and one feedback HTML
+per student and lab (`nbgrader generate_feedback` -> build/feedback/<student>/<lab>/<lab>.html),
+which shows no hidden test.
 """
 from __future__ import annotations
 
 import shutil
 import sys
+import time
 from pathlib import Path
 
+from . import jobs as _jobs
 from .course import STUDENT_RE, Course, GradeRecord, default_mem_bytes, memory_limit_works
 
 
@@ -66,7 +78,23 @@ def resolve_mem_bytes(mem_gb: float | None, log=print) -> int | None:
 
 def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int | None = None,
                       notebook_timeout: int | None = None, mem_gb: float | None = None,
-                      feedback: bool = True, csv: bool = True, log=print) -> list[GradeRecord]:
+                      feedback: bool = True, csv: bool = True, workers: int = 1,
+                      scheduler: str | None = None, sandbox: bool = True,
+                      feedback_hidden_tests: bool = False, log=print) -> list[GradeRecord]:
+    """Grade every DIR/<student>/<lab>/ submission (see the module docstring). `sandbox=False`
+    runs the kernels without the sandbox (a warning is printed); with `sandbox=True` this
+    raises RuntimeError when the machine has no working sandbox."""
+    from .sandbox import sandbox_unavailable_reason
+    if sandbox:
+        why = sandbox_unavailable_reason()
+        if why and scheduler is None:
+            raise RuntimeError(f"no sandbox for student code on this machine: {why}. Install "
+                               "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or "
+                               "pass --no-sandbox to grade without it (not safe: see "
+                               "autograder/README.md)")
+    else:
+        log("WARNING: grading without the sandbox: student code runs as you, can read the "
+            "gradebook and the hidden tests, and can leave processes behind")
     subdir = Path(subdir).resolve()
     subs = find_submissions(course, subdir, log)
     if not subs:
@@ -83,37 +111,49 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
             dest = course.submitted(student, lab)
             if dest.exists():
                 shutil.rmtree(dest)
-            shutil.copytree(folder, dest, ignore=shutil.ignore_patterns(".ipynb_checkpoints",
-                                                                         "__pycache__"))
+            shutil.copytree(folder, dest, symlinks=True,
+                            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
             _fix_notebook_name(course, lab, dest, log)
     course.register_students(sorted({s for s, _, _ in subs}))
 
+    t0 = time.monotonic()
+    jobs = [_jobs.build_job(course, student, lab, cell_timeout=cell_timeout,
+                            notebook_timeout=notebook_timeout, mem_bytes=mem, sandbox=sandbox)
+            for student, lab, _ in subs]
+    where = f"on the Dask cluster at {scheduler}" if scheduler else \
+        f"{workers} at a time on this machine"
+    log(f"executing {len(jobs)} submission(s), {where} ...")
+    from .distribute import run_jobs
+    results = run_jobs(_jobs.execute_job, jobs, workers=workers, scheduler=scheduler, log=log)
+    log(f"executed in {time.monotonic() - t0:.0f} s; recording the grades ...")
+
     records = []
-    for i, (student, lab, _) in enumerate(subs, 1):
-        log(f"[{i}/{len(subs)}] autograding {student} / {lab} ...")
+    for i, (job, result) in enumerate(zip(jobs, results), 1):
         try:
-            rec = course.autograde(student, lab, cell_timeout=cell_timeout,
-                                   notebook_timeout=notebook_timeout, mem_bytes=mem)
+            rec = _jobs.record(course, job, result)
         except Exception as e:                  # the batch goes on whatever happens
             log(f"    grader error: {e!r}")
             try:
-                course.zero_submission(student, lab)
-                cells = course.scores(student, lab)
+                course.zero_submission(job["student"], job["lab"])
+                cells = course.scores(job["student"], job["lab"])
             except Exception:
                 cells = []
-            rec = GradeRecord(student=student, lab=lab, status=f"grader error: {e!r}"[:60],
-                              seconds=0.0, exec_seconds=None, cells=cells)
-        log(f"    {rec.status}: {rec.score:g} / {rec.max_score:g} in {rec.seconds:.0f} s")
+            rec = GradeRecord(student=job["student"], lab=job["lab"],
+                              status=f"grader error: {e!r}"[:60], seconds=0.0,
+                              exec_seconds=None, cells=cells)
+        log(f"[{i}/{len(jobs)}] {rec.student} / {rec.lab}: {rec.status}: "
+            f"{rec.score:g} / {rec.max_score:g}")
         records.append(rec)
     if csv:
         path = course.export_csv()
         log(f"grades: {path}")
     if feedback:
         for lab in labs:
-            r = course.generate_feedback(lab)
+            r = course.generate_feedback(lab, hidden_tests=feedback_hidden_tests)
             if r.returncode != 0:
                 log(f"warning: generate_feedback {lab} failed, see {r.log}")
         log(f"feedback: {course.build / 'feedback'}/<student>/<lab>/<lab>.html")
+    log(f"batch: {len(records)} submission(s) in {time.monotonic() - t0:.0f} s")
     log("")
     log(format_table(records))
     return records
@@ -137,7 +177,9 @@ def main_grade(args) -> int:
     course = Course(args.root) if args.root else Course.find()
     records = grade_submissions(course, args.submissions, cell_timeout=args.cell_timeout,
                                 notebook_timeout=args.notebook_timeout, mem_gb=args.mem_gb,
-                                feedback=not args.no_feedback)
+                                feedback=not args.no_feedback, workers=args.jobs,
+                                scheduler=args.scheduler, sandbox=not args.no_sandbox,
+                                feedback_hidden_tests=args.feedback_with_hidden_tests)
     return 0 if records else 1
 
 

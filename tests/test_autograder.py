@@ -106,12 +106,17 @@ def test_reference_disabled_restores_on_exception_and_takes_several_names():
         with pytest.raises(ZeroDivisionError):
             with reference_disabled("minillm.sampling.top_p_filter",
                                     "minillm.sampling.top_k_filter"):
-                assert minillm.sampling.top_k_filter is not top_k
-                assert __main__.tk_alias is not top_k
+                # the function objects themselves are disabled: every name of them raises
+                logits = torch.zeros(4)
+                for call in (lambda: minillm.sampling.top_k_filter(logits, 2),
+                             lambda: __main__.tk_alias(logits, 2),
+                             lambda: minillm.sampling.top_p_filter(logits, 0.5)):
+                    assert "disabled during grading" in error_of(call)
                 1 / 0
         assert minillm.sampling.top_p_filter is top_p
         assert minillm.sampling.top_k_filter is top_k
         assert __main__.tk_alias is top_k
+        top_k(torch.zeros(4), 2)                    # works again
     finally:
         del __main__.tk_alias
 

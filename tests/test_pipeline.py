@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -240,9 +241,17 @@ def test_c_wrong_submission_loses_the_hidden_points(pipeline, lab):
 
 
 # --- the command line on the dummy lab ----------------------------------------------------------
-def _run(*args, cwd=REPO, timeout=900):
+def _run(*args, cwd=REPO, timeout=900, env=None):
     return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def sandbox_flag() -> list[str]:
+    """[] where the sandbox works (CI: test_the_sandbox_works_where_ci_runs), else
+    ["--no-sandbox"], so a developer without bubblewrap can still run the pipeline."""
+    from autograder.sandbox import sandbox_unavailable_reason
+    return [] if sandbox_unavailable_reason() is None else ["--no-sandbox"]
 
 
 @pytest.mark.xdist_group(f"pipeline_{DUMMY}")
@@ -264,7 +273,7 @@ def test_grade_command_survives_crashes_hangs_and_memory_hogs(pipeline, tmp_path
         (subs / student / DUMMY).mkdir(parents=True)
         nbformat.write(nb, str(subs / student / DUMMY / f"{DUMMY}.ipynb"))
     r = _run("grade", str(subs), "--root", str(course.root), "--cell-timeout", "6",
-             "--notebook-timeout", "40", "--mem-gb", "1")
+             "--notebook-timeout", "40", "--mem-gb", "1", *sandbox_flag())
     assert r.returncode == 0, r.stdout + r.stderr
     print(r.stdout)
     rows = {row["student_id"]: row for row in csv.DictReader(open(course.build / "grades.csv"))
@@ -277,18 +286,63 @@ def test_grade_command_survives_crashes_hangs_and_memory_hogs(pipeline, tmp_path
     assert "kernel died" in table and "kernel unresponsive" in table
     assert (course.feedback("good", DUMMY) / f"{DUMMY}.html").is_file()
     assert (course.feedback("hog", DUMMY) / f"{DUMMY}.html").is_file()
+    secrets = hidden_test_lines(course, DUMMY)
+    assert secrets, "the dummy lab has hidden tests"
+    for student in bodies:
+        html = (course.feedback(student, DUMMY) / f"{DUMMY}.html").read_text()
+        leaked = [line for line in secrets + ["BEGIN HIDDEN TESTS"] if line in html]
+        assert not leaked, f"{student}'s feedback shows hidden tests: {leaked}"
+        assert "hidden tests: not shown" in html
     assert_no_process_left_in(course.root)
 
 
 def assert_no_process_left_in(root: Path) -> None:
-    """No kernel (or anything else) still runs with its working directory in the course."""
+    """No job, sandbox or kernel (or anything else) still runs: nothing with its working
+    directory in the course, and no grading job's process or sandboxed kernel."""
     psutil = pytest.importorskip("psutil")
     left = []
-    for proc in psutil.process_iter(["pid", "cwd", "cmdline"]):
+    for proc in psutil.process_iter(["pid", "cwd", "cmdline", "status"]):
+        if proc.info.get("status") == psutil.STATUS_ZOMBIE:
+            continue
         cwd = proc.info.get("cwd") or ""
-        if cwd.startswith(str(root)):
-            left.append((proc.info["pid"], cwd, proc.info["cmdline"]))
-    assert not left, f"processes left running in the course: {left}"
+        cmd = " ".join(proc.info.get("cmdline") or [])
+        if cwd.startswith(str(root)) or "autograder_job_" in cmd or "autograder.jobs" in cmd:
+            left.append((proc.info["pid"], cwd, cmd[:200]))
+    assert not left, f"processes left running after grading: {left}"
+
+
+def test_the_sandbox_works_where_ci_runs():
+    """CI (and any machine with bubblewrap) grades in the sandbox; without it the grade command
+    refuses to run unless told --no-sandbox (tested below)."""
+    from autograder.sandbox import sandbox_unavailable_reason
+    why = sandbox_unavailable_reason()
+    if os.environ.get("CI"):
+        assert why is None, f"CI must grade in the sandbox (.ci/run installs bubblewrap): {why}"
+    elif why is not None:
+        pytest.skip(f"no sandbox on this machine: {why}")
+
+
+def hidden_test_lines(course: Course, lab: str) -> list[str]:
+    from autograder.feedback import secret_lines
+    return secret_lines(nbformat.read(str(course.source(lab) / f"{lab}.ipynb"), as_version=4))
+
+
+@pytest.mark.xdist_group(f"pipeline_{DUMMY}")
+def test_grade_refuses_to_run_without_the_sandbox_unless_told(pipeline, tmp_path):
+    course = pipeline.course
+    subs = tmp_path / "subs"
+    (subs / "nosandbox" / DUMMY).mkdir(parents=True)
+    shutil.copy2(course.source(DUMMY) / f"{DUMMY}.ipynb", subs / "nosandbox" / DUMMY)
+    missing = {"AUTOGRADER_BWRAP": str(tmp_path / "no-bwrap-here")}
+    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback", env=missing)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no sandbox" in r.stderr and "bubblewrap" in r.stderr and "--no-sandbox" in r.stderr
+    assert "nosandbox" not in r.stdout                   # nothing was graded
+    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback", "--no-sandbox",
+             env=missing)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WARNING: grading without the sandbox" in r.stdout
+    assert "nosandbox  99_dummy  3" in r.stdout, r.stdout     # graded: full marks
 
 
 @pytest.mark.xdist_group(f"pipeline_{DUMMY}")

@@ -37,11 +37,14 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from autograder.checks import assert_close
+from autograder.checks import assert_close, private_copy
 from autograder.labs import passes
 from autograder.timing import time_ratio
-from kernels.paged_attention_ref import paged_attention_decode_ref as _reference  # bound now:
-# the notebook's graded cell disables the course's references while the student's code runs
+from kernels.paged_attention_ref import paged_attention_decode_ref
+
+# A copy made now: the notebook's graded cell disables the course's reference (its code object)
+# while the student's code runs, and the check still needs the expected output.
+_reference = private_copy(paged_attention_decode_ref)
 
 GRADE_ID = "07_speed_test"
 # (context lengths, query heads N, KV heads K, head dim H, block size): ragged, GQA groups of 4

@@ -1,0 +1,331 @@
+"""The bubblewrap sandbox the grader runs student kernels in (autograder/sandbox.py).
+
+Each notebook below runs through nbclient with its kernel in the sandbox (SandboxKernelManager,
+ipc transport). The probe notebook runs once per module; each test asserts one property on
+what its cells printed, and each assertion would fail for a kernel started without the sandbox.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from jupyter_core.utils import run_sync
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+from nbformat.v4 import new_code_cell, new_notebook
+
+from autograder.sandbox import (SandboxKernelManager, SandboxSpec, bwrap_argv, default_env,
+                                default_ro_paths, sandbox_unavailable_reason)
+
+REPO = Path(__file__).resolve().parent.parent
+_REASON = sandbox_unavailable_reason()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("sandbox"),
+    pytest.mark.skipif(_REASON is not None, reason=f"no bubblewrap sandbox: {_REASON}"),
+]
+
+SECRET = "GRADER_SECRET"
+SECRET_VALUE = "s3cr3t-" + uuid.uuid4().hex
+
+
+def _spec(base: Path) -> SandboxSpec:
+    work, runtime = base / "work", base / "rt"
+    work.mkdir(parents=True, exist_ok=True)
+    return SandboxSpec.default(work, runtime)
+
+
+def _notebook(sources: list[str]) -> nbformat.NotebookNode:
+    nb = new_notebook(cells=[new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    return nb
+
+
+def _stdout(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+
+
+def _errors(cell) -> list[str]:
+    return [o["ename"] for o in cell.outputs if o.get("output_type") == "error"]
+
+
+def _marked(marker: str) -> list[psutil.Process]:
+    """Live (non-zombie) host processes with `marker` in their command line."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if marker in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(p)
+    return found
+
+
+# --- the probe notebook ------------------------------------------------------------------------
+PROBE = r'''
+import json, os, socket, subprocess, sys
+def probe(name, fn):
+    try:
+        value = fn()
+    except BaseException as e:
+        value = f"raised {type(e).__name__}"
+    print(json.dumps({name: value}))
+def write(path):
+    with open(path, "w") as f:
+        f.write("x")
+    return "written"
+def environs():
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                found[pid] = f.read().decode(errors="replace")
+        except OSError as e:
+            found[pid] = f"unreadable {type(e).__name__}"
+    return found
+def connect(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        return "connected"
+'''
+
+DAEMONS = r'''
+import os, signal, subprocess, sys
+LOOP = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
+       "signal.signal(signal.SIGHUP, signal.SIG_IGN)\nwhile True: time.sleep(0.2)"
+subprocess.Popen([sys.executable, "-c", LOOP, "{marker}-session"], start_new_session=True)
+if os.fork() == 0:                      # double fork: the grandchild is re-parented to PID 1
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", LOOP, "{marker}-double"])
+    os._exit(0)
+os.wait()
+'''
+
+
+@pytest.fixture(scope="module")
+def probe_run(tmp_path_factory):
+    """Runs the probe notebook once; returns {probe name: value} plus what the host saw."""
+    base = tmp_path_factory.mktemp("sbx")
+    spec = _spec(base)
+    (spec.workdir / "given.txt").write_text("hello from workdir")
+    outside = base / "outside"
+    outside.mkdir()
+    (outside / "marker.txt").write_text("outside")
+    host_tmp = Path("/tmp") / f"sbx-probe-{uuid.uuid4().hex}"
+    marker = f"sbx-daemon-{uuid.uuid4().hex}"
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    accepted = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            accepted.append(conn)
+            conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+
+    checks = {
+        "given": f"lambda: open({str(spec.workdir / 'given.txt')!r}).read()",
+        "imports": "lambda: __import__('torch') and __import__('minillm') and "
+                   "__import__('autograder') and 'ok'",
+        "labs": f"lambda: os.path.exists({str(REPO / 'labs')!r})",
+        "build": f"lambda: os.path.exists({str(REPO / 'build')!r})",
+        "nbgrader_config": f"lambda: os.path.exists({str(REPO / 'nbgrader_config.py')!r})",
+        "repo_listing": f"lambda: sorted(os.listdir({str(REPO)!r}))",
+        "marker": f"lambda: open({str(outside / 'marker.txt')!r}).read()",
+        "connect": f"lambda: connect({port})",
+        "proc_pids": "lambda: sorted(p for p in os.listdir('/proc') if p.isdigit())",
+        "pid1_cmdline": "lambda: open('/proc/1/cmdline', 'rb').read().decode(errors='replace')",
+        "secret_env": f"lambda: os.environ.get({SECRET!r})",
+        "env_keys": "lambda: sorted(os.environ)",
+        "environs": "environs",
+        "write_repo": f"lambda: write({str(REPO / ('sbx-write-' + uuid.uuid4().hex))!r})",
+        "write_pkg": f"lambda: write({str(REPO / 'minillm' / 'sbx-write.txt')!r})",
+        "write_tmp": f"lambda: write({str(host_tmp)!r})",
+        "write_work": f"lambda: write({str(spec.workdir / 'out.txt')!r})",
+    }
+    sources = [PROBE] + [f"probe({k!r}, {v})" for k, v in checks.items()]
+    sources += [DAEMONS.replace("{marker}", marker), "import time; time.sleep(0.5)"]
+    nb = _notebook(sources)
+
+    def daemons() -> list[psutil.Process]:
+        return _marked(f"{marker}-session") + _marked(f"{marker}-double")
+
+    seen_during = {}
+
+    def on_cell_executed(cell, cell_index, **_):
+        if cell_index == len(sources) - 1:     # the kernel is still running: daemons visible?
+            seen_during["daemons"] = [p.info["cmdline"][-1] for p in daemons()]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SECRET, SECRET_VALUE)
+        client = NotebookClient(nb, kernel_name="python3", timeout=60,
+                                kernel_manager_class=SandboxKernelManager.with_sandbox(spec),
+                                on_cell_executed=on_cell_executed)
+        client.execute()
+        deadline = time.monotonic() + 5       # the kernel has been shut down: daemons gone?
+        while daemons() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = daemons()
+        for p in left:                          # never leave them running on the host
+            p.kill()
+    stop.set()
+    server.close()
+
+    results = {}
+    for cell in nb.cells[1:len(checks) + 1]:
+        assert not _errors(cell), cell.outputs
+        results.update(json.loads(_stdout(cell)))
+    results.update(
+        daemons_during=seen_during.get("daemons"), daemons_after=[p.pid for p in left],
+        accepted=len(accepted), host_tmp_exists=host_tmp.exists(), spec=spec,
+        host_pid1_cmdline=Path("/proc/1/cmdline").read_bytes().decode(errors="replace"),
+        daemon_cell_errors=_errors(nb.cells[-2]))
+    host_tmp.unlink(missing_ok=True)
+    return results
+
+
+def test_workdir_and_course_packages_are_visible(probe_run):
+    assert probe_run["given"] == "hello from workdir"
+    assert probe_run["imports"] == "ok"
+    assert probe_run["write_work"] == "written"
+    assert (probe_run["spec"].workdir / "out.txt").read_text() == "x"
+
+
+def test_repository_and_host_files_are_hidden(probe_run):
+    assert (REPO / "labs").is_dir() and (REPO / "nbgrader_config.py").is_file()
+    assert probe_run["labs"] is False
+    assert probe_run["build"] is False
+    assert probe_run["nbgrader_config"] is False
+    assert probe_run["marker"] == "raised FileNotFoundError"
+    # the repository directory holds only the bound package directories (+ the venv, data)
+    assert set(probe_run["repo_listing"]) <= {"minillm", "kernels", "autograder", "data",
+                                              ".venv"}, probe_run["repo_listing"]
+
+
+def test_no_network(probe_run):
+    assert probe_run["connect"].startswith("raised "), probe_run["connect"]
+    assert probe_run["accepted"] == 0
+
+
+def test_own_pid_namespace(probe_run):
+    pids = probe_run["proc_pids"]
+    assert str(os.getpid()) not in pids
+    assert "1" in pids and len(pids) < 10, pids
+    assert probe_run["pid1_cmdline"] != probe_run["host_pid1_cmdline"]
+
+
+def test_grader_environment_does_not_leak(probe_run):
+    assert probe_run["secret_env"] is None
+    assert SECRET not in probe_run["env_keys"]
+    environs = probe_run["environs"]
+    assert environs, "no /proc/<pid>/environ inside"
+    readable = [pid for pid, env in environs.items() if not env.startswith("unreadable ")]
+    assert "1" in readable                      # bwrap's init: started with the clean env
+    for pid, env in environs.items():
+        assert SECRET not in env and SECRET_VALUE not in env, f"/proc/{pid}/environ leaks"
+
+
+def test_writes_outside_workdir_do_not_reach_the_host(probe_run):
+    assert probe_run["write_repo"].startswith("raised "), probe_run["write_repo"]
+    assert probe_run["write_pkg"] == "raised OSError"          # read-only bind (EROFS)
+    assert not (REPO / "minillm" / "sbx-write.txt").exists()
+    assert not any(p.name.startswith("sbx-write-") for p in REPO.iterdir())
+    assert probe_run["write_tmp"] == "written"                 # the sandbox's private /tmp ...
+    assert not probe_run["host_tmp_exists"]                    # ... is not the host's
+
+
+def test_daemons_die_with_the_kernel(probe_run):
+    assert probe_run["daemon_cell_errors"] == []
+    assert probe_run["daemons_during"] is not None and len(probe_run["daemons_during"]) == 2, \
+        probe_run["daemons_during"]
+    assert probe_run["daemons_after"] == []
+
+
+# --- interrupts and dead kernels -------------------------------------------------------------
+def test_cell_timeout_interrupts_the_kernel_inside(tmp_path):
+    """nbclient's timeout + interrupt_on_timeout: the looping cell gets KeyboardInterrupt and
+    the *same* kernel runs the next cells (a SIGINT to bwrap itself kills the sandbox). The
+    interrupt reaches the kernel's process group, as for an unsandboxed kernel: os.system
+    ignores SIGINT in the kernel while the shell's `sleep` gets it."""
+    nb = _notebook(["x = 41", "while True:\n    pass",
+                    "import os, time\nt = time.time()\nstatus = os.system('sleep 60')\n"
+                    "print(time.time() - t < 30, os.WIFSIGNALED(status) or status != 0)",
+                    "print('alive', x + 1)"])
+    km = SandboxKernelManager(kernel_name="python3", sandbox=_spec(tmp_path))
+    client = NotebookClient(nb, km=km, timeout=3, interrupt_on_timeout=True, allow_errors=True)
+    t0 = time.monotonic()
+    try:
+        client.execute()
+        bwrap_pid = km.provisioner.process.pid
+        assert km.kernel_process() is not None
+    finally:
+        run_sync(km.shutdown_kernel)(now=True)
+    assert time.monotonic() - t0 < 30
+    assert _errors(nb.cells[1]) == ["KeyboardInterrupt"], nb.cells[1].outputs
+    assert _stdout(nb.cells[2]) == "True True\n", nb.cells[2].outputs
+    assert _stdout(nb.cells[3]) == "alive 42\n", nb.cells[3].outputs
+    assert not psutil.pid_exists(bwrap_pid) or \
+        psutil.Process(bwrap_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_kernel_exit_is_a_dead_kernel(tmp_path):
+    """os._exit in a cell: nbclient raises DeadKernelError at once (the sandbox ends with its
+    kernel, so bwrap exits). Also the spec-less manager: workdir = nbclient's cwd (resources
+    path), a temporary runtime directory that is removed afterwards."""
+    specs = []
+
+    class Recording(SandboxKernelManager):
+        def _resolve_spec(self, cwd):
+            specs.append(super()._resolve_spec(cwd))
+            return specs[-1]
+
+    nb = _notebook(["import os; open('cwd.txt', 'w').write(os.getcwd())",
+                    "os._exit(1)", "print('unreachable')"])
+    client = NotebookClient(nb, timeout=60, kernel_manager_class=Recording,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    t0 = time.monotonic()
+    with pytest.raises(DeadKernelError):
+        client.execute()
+    assert time.monotonic() - t0 < 20
+    assert _stdout(nb.cells[2]) == ""
+    assert (tmp_path / "cwd.txt").read_text() == str(tmp_path.resolve())
+    assert len(specs) == 1 and specs[0].workdir == tmp_path.resolve()
+    assert not specs[0].runtime_dir.exists()
+
+
+# --- the command itself ----------------------------------------------------------------------
+def test_bwrap_argv(tmp_path, monkeypatch):
+    monkeypatch.setenv(SECRET, SECRET_VALUE)
+    spec = SandboxSpec(workdir=tmp_path / "w", runtime_dir=tmp_path / "r",
+                       ro_paths=default_ro_paths(), env=default_env(Path("/tmp/home")))
+    argv = bwrap_argv(spec, ["python", "-V"])
+    assert argv[-3:] == ["--", "python", "-V"]
+    for flag in ("--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+                 "--clearenv"):
+        assert flag in argv
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
+    repo = str(REPO)
+    assert repo not in binds
+    assert not any(b.startswith(repo + "/labs") or b.startswith(repo + "/build") for b in binds)
+    assert {str(REPO / p) for p in ("minillm", "kernels", "autograder")} <= set(binds)
+    assert str(Path(sys.base_prefix).resolve()) in binds and "/root" not in binds
+    # read-write binds come after the tmpfs on /tmp (tmp_path is under /tmp here)
+    tmpfs = argv.index("--tmpfs")
+    assert argv.index(str(spec.workdir)) > tmpfs and argv.index(str(spec.runtime_dir)) > tmpfs
+    setenv = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--setenv"}
+    assert setenv == spec.env and SECRET not in setenv
+    assert setenv["PATH"].split(":")[0] == str(Path(sys.prefix).absolute() / "bin")

