@@ -100,18 +100,28 @@ class GuardedExecute(Execute):
         remaining = max(1, math.ceil(remaining))
         return remaining if timeout is None else min(timeout, remaining)
 
+    setup_error = None                  # why setup_code failed in the kernel, if it did
+
     def _run_setup(self) -> None:
         if not self.setup_code.strip():
             return
+        cell_timeout = self.timeout
         try:
+            # imports torch and the course on a possibly busy machine: the kernel's start-up
+            # allowance, not one cell's
+            self.timeout = max(cell_timeout or 0, self.startup_timeout or 0) or None
             msg_id = self.kc.execute(self.setup_code, silent=True, store_history=False)
             reply = self.wait_for_reply(msg_id)
             if reply is None or reply["content"].get("status") != "ok":
                 content = (reply or {}).get("content", {})
-                self.log.warning("autograder setup code failed in the kernel: %s: %s",
-                                 content.get("ename"), content.get("evalue"))
+                self.setup_error = f"{content.get('ename')}: {content.get('evalue')}"
+                self.log.warning("autograder setup code failed in the kernel: %s",
+                                 self.setup_error)
         except Exception as e:          # never let the setup stop grading
+            self.setup_error = repr(e)
             self.log.warning("autograder setup code could not run: %r", e)
+        finally:
+            self.timeout = cell_timeout
 
     def preprocess(self, nb, resources=None, km=None):
         # Same as nbconvert's ExecutePreprocessor.preprocess, plus the deadline, the set-up code

@@ -14,6 +14,7 @@ outputs can still read that encoding in their own feedback.
 from __future__ import annotations
 
 from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
 from .sealed import HIDDEN_BEGIN, HIDDEN_END, hidden_lines
 
@@ -59,6 +60,8 @@ def redact(text: str, secrets: list[str]) -> str:
 
 
 class HideHiddenTests(Preprocessor):
+    enabled = Bool(True)                # nbconvert's Preprocessor skips itself by default
+
     def preprocess(self, nb, resources):
         secrets = secret_lines(nb)
         for cell in nb.cells:

@@ -303,6 +303,9 @@ def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log) -> dict:
     records = verify(ex.reports, secret) if ex.reports else None
     if stubs and records is None:
         log("no signed report from the kernel")
+    if ex.setup_error:                  # before any student code: the grader's own failure
+        report["setup_error"] = ex.setup_error
+        log(f"the sealed-cell setup failed in the kernel: {ex.setup_error}")
     _apply_verdicts(nb, stubs, table, original, records, report)
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -347,6 +350,9 @@ def status_of(result: dict) -> str:
         return result["error"] if result.get("killed") or \
             result["error"].startswith("rejected") else f"failed: {result['error']}"
     reports = list(result.get("reports", {}).values())
+    setup = [r["setup_error"] for r in reports if r.get("setup_error")]
+    if setup:
+        return f"failed: the grader's set-up did not run in the kernel ({setup[0]})"
     tampered = [t for r in reports for t in r.get("tampered", [])]
     if tampered:
         return "tampered: " + tampered[0]
@@ -375,21 +381,26 @@ def record(course, job: dict, result: dict, *, log_dir: Path | None = None):
         nbformat.write(nbformat.reads(text, as_version=4), str(dest / f"{name}.ipynb"))
     log_dir = log_dir or course.build / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    r = course.nbgrader("autograde", lab, f"--student={student}", "--force",
-                        log=log_dir / f"autograde_{student}_{lab}.log", timeout=600,
-                        env_extra={"AUTOGRADER_REPLAY": str(replay_root)})
     status = status_of(result)
-    if r.returncode != 0 and not result.get("error"):
-        status = "failed: nbgrader could not record the grades"
-    if result.get("error") or r.returncode != 0:
+    if job.get("rejected"):             # nothing nbgrader could read: zeros, no replay
+        r = None
         course.zero_submission(student, lab)
+    else:
+        r = course.nbgrader("autograde", lab, f"--student={student}", "--force",
+                            log=log_dir / f"autograde_{student}_{lab}.log", timeout=600,
+                            env_extra={"AUTOGRADER_REPLAY": str(replay_root)})
+        if r.returncode != 0 and not result.get("error"):
+            status = "failed: nbgrader could not record the grades"
+        if result.get("error") or r.returncode != 0:
+            course.zero_submission(student, lab)
     reports = result.get("reports", {}).values()
     exec_s = sum(x.get("seconds", 0.0) for x in reports) if reports else None
     (log_dir / f"job_{student}_{lab}.log").write_text(
         f"status: {status}\n{result.get('error') or ''}\n{result.get('log') or ''}")
     return GradeRecord(student=student, lab=lab, status=status[:200],
-                       seconds=float(result.get("seconds", 0.0)) + r.seconds,
-                       exec_seconds=exec_s, cells=course.scores(student, lab), log=r.log)
+                       seconds=float(result.get("seconds", 0.0)) + (r.seconds if r else 0.0),
+                       exec_seconds=exec_s, cells=course.scores(student, lab),
+                       log=r.log if r else None)
 
 
 if __name__ == "__main__":

