@@ -25,6 +25,7 @@ __all__ = ["assert_close", "reference_disabled", "WorkCounter"]
 
 # --- captured at import -----------------------------------------------------------------------
 _Tensor = torch.Tensor
+_no_torch_function = torch._C.DisableTorchFunction     # no subclass or mode of the student's
 _as_tensor = torch.as_tensor
 _is_tensor = torch.is_tensor
 _isclose = torch.isclose
@@ -62,6 +63,8 @@ def _describe(x) -> str:
 def _to_tensor(x, name: str, which: str) -> torch.Tensor:
     if _is_tensor(x):
         t = x.detach()
+        if _type(t) is not _Tensor:
+            t = t.as_subclass(_Tensor)
         if t.is_complex():
             raise AssertionError(f"{name}: complex {which} values are not supported")
         return t.cpu()
@@ -89,6 +92,11 @@ def assert_close(actual: Any, expected: Any, *, atol: float = 1e-5, rtol: float 
     dtypes (when both sides are tensors or both are arrays), or how many elements are off, the
     largest absolute and relative differences and, at the worst element, both values.
     """
+    with _no_torch_function():       # a Tensor subclass's or a mode's __torch_function__
+        _assert_close(actual, expected, atol=atol, rtol=rtol, name=name)     # decides nothing
+
+
+def _assert_close(actual, expected, *, atol, rtol, name) -> None:
     if actual is None:
         raise AssertionError(f"{name}: got None (did the function forget to `return`?), "
                              f"expected {_describe(expected)}")
@@ -135,7 +143,7 @@ def assert_close(actual: Any, expected: Any, *, atol: float = 1e-5, rtol: float 
 # --- reference_disabled -----------------------------------------------------------------------
 # id(function) -> (function, its own code object), for every function some active block disabled.
 # The entry keeps the function alive, so its id stays unique while it is listed.
-_disabled: dict[int, tuple[Any, Any]] = {}
+_disabled: dict[int, tuple[Any, Any]] = {}       # id -> (function, its original code)
 
 
 def _resolve(dotted: str):
@@ -278,7 +286,8 @@ def reference_disabled(*dotted_names: str):
             message = (f"{dotted} is disabled during grading: this check compares your code with "
                        f"the reference, so implement it yourself instead of calling {dotted}")
             for f in functions:
-                if _id(f) in _disabled:
+                if _id(f) in _disabled and _getattr(f, "__code__").co_filename == \
+                        "<autograder: reference disabled>":
                     continue                        # an outer block (or an earlier name) has it
                 original = _getattr(f, "__code__")
                 _setattr(f, "__code__", _guard_code(message, original))

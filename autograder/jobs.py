@@ -251,6 +251,9 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
         plain = [o for o in outputs if o.get("output_type") != "error"]
         ran = not any(o.get("ename") in stopped for o in errors)
         rec = (records or {}).get(key)
+        if info["kind"] == "test":          # the stub returns None: a result is an injection,
+            plain = [o for o in plain       # and nbgrader would read a number as partial credit
+                     if o.get("output_type") != "execute_result"]
         if rec is not None and rec.get("tampered"):
             tampered.append(f"{info['grade_id']}: {rec.get('message')}")
         if info["kind"] != "test":

@@ -24,8 +24,10 @@ for a locked cell. Instead (see autograder/execute.py):
 * the integrity check compares the modules and classes of `autograder`, `minillm`, `kernels`,
   `torch`, `numpy` and a few stdlib modules, and the builtins, with what they held when they
   were first seen (and flags any library attribute that is a function defined in the notebook),
-  refuses a cell while a thread the notebook started is alive or a Python signal handler was
-  installed, and names what changed: the cell scores zero with `tampered: <what>`;
+  refuses a cell while a thread the notebook started is alive, a torch function/dispatch mode
+  is left on or a Python signal handler was installed, and names what changed: the cell scores
+  zero with `tampered: <what>`. Tests run with Tensor subclasses' `__torch_function__` off, so
+  a tensor the student returns cannot decide what `torch.equal` answers;
 * while the kernel runs, the hook refuses ctypes, cffi and the C test modules, reading
   /proc/*/mem, gc's object walks, other threads' frames and trace/profile functions; while a
   test runs it also refuses frame access from notebook code (`sys._getframe`, traceback and
@@ -61,12 +63,16 @@ _isinstance = isinstance
 _KeyboardInterrupt = KeyboardInterrupt
 _AssertionError = AssertionError
 _str, _type, _len = str, type, len
+try:
+    from torch._C import DisableTorchFunctionSubclass as _no_subclass_torch_function
+except ImportError:                     # installed before torch is (never in a lab kernel)
+    from contextlib import nullcontext as _no_subclass_torch_function
 
 WATCHED_PACKAGES = ("autograder", "minillm", "kernels")
 WATCHED_MODULES = frozenset({
     "torch", "torch.nn", "torch.nn.functional", "torch.testing", "torch.linalg", "numpy",
     "numpy.testing", "numpy.linalg", "math", "random", "operator", "functools", "statistics",
-    "itertools", "collections", "copy", "time", "builtins"})
+    "itertools", "collections", "copy", "time", "builtins", "contextlib", "torch.overrides"})
 BLOCKED_IMPORTS = frozenset({"cffi", "_cffi_backend", "_testcapi", "_testinternalcapi",
                              "_testmultiphase", "_xxsubinterpreters", "_xxinterpchannels"})
 ALWAYS_REFUSED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents",
@@ -146,10 +152,14 @@ def run(key: str) -> None:
     """Run the locked cell `key` (the stub calls this); raise AssertionError if it failed."""
     box: list = []
     _audit("autograder.fetch", key, box)
-    code, namespace, last = box
+    code, namespace, last, test = box
     ok, message, line = True, "", 0
     try:
-        _exec(code, namespace)
+        if test:                        # a Tensor subclass returned by student code must not
+            with _no_subclass_torch_function():     # decide what torch.equal & co. answer
+                _exec(code, namespace)
+        else:
+            _exec(code, namespace)
         if last is not None:
             value = _eval(last, namespace)
             if value is not None:
@@ -284,7 +294,7 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
     records: dict = {}
     trusted: dict = {}                          # names bound by locked setup cells -> object
     namespaces: dict = {}                       # label -> (live mapping, {name: value})
-    functions: dict = {}                        # id -> (label, function, code, defaults, kw)
+    functions: dict = {}        # id -> (label, function, code, defaults, kwdefaults, its items)
     loaded: dict = {}                           # module name -> module object
 
     def watched(name) -> bool:
@@ -305,8 +315,9 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
                     callable_(v):
                 snap[k] = v
             if type_(v) is function_type and id_(v) not in functions:
-                functions[id_(v)] = (label + "." + k, v, func_code(v), func_defaults(v),
-                                     func_kwdefaults(v))
+                kw = func_kwdefaults(v)
+                functions[id_(v)] = (label + "." + k, v, func_code(v), func_defaults(v), kw,
+                                     dict_(kw) if type_(kw) is dict_ else None)
             if is_class(v):
                 mod = type_module(v)
                 if type_(mod) is str_ and watched(mod):
@@ -351,9 +362,15 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
             for k in keys:
                 if k not in snap and notebook_function(mapping.get(k)):
                     found.append(label + "." + k + " is a function defined in the notebook")
-        for label, f, code, defaults, kwdefaults in functions.values():
-            if func_code(f) is not code or func_defaults(f) is not defaults or \
-                    func_kwdefaults(f) is not kwdefaults:
+        for label, f, code, defaults, kwdefaults, kw_items in functions.values():
+            changed = func_code(f) is not code or func_defaults(f) is not defaults or \
+                func_kwdefaults(f) is not kwdefaults
+            if not changed and kw_items is not None:     # the same dict, edited in place
+                changed = len_(kwdefaults) != len_(kw_items)
+                for name, value in kw_items.items():
+                    if kwdefaults.get(name, missing) is not value:
+                        changed = True
+            if changed:
                 found.append("the code or defaults of " + label + " were replaced")
         for _ in range_(20):                    # a library's short-lived thread (matplotlib's
             stray = stray_threads()             # font-cache timer) gets a second to end
@@ -363,6 +380,8 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
         else:
             found.append("a thread started by the notebook is still running (" +
                          ", ".join(stray[:3]) + ")")
+        if torch_modes() > state["modes"]:
+            found.append("a torch function or dispatch mode was left active")
         for s, handler in state["signals"].items():
             if getsignal(s) is not handler:
                 found.append("a handler was installed for signal " + repr_(int_(s)))
@@ -419,7 +438,7 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
             namespace = user_ns                 # its functions must see the student's later
         state.update(cell=key, test=cell["kind"] == "test", namespace=namespace,
                      keys=set_(k for k in namespace if type_(k) is str_))
-        box.extend([code, namespace, last])
+        box.extend([code, namespace, last, cell["kind"] == "test"])
 
     def record(key, ok, message, line) -> None:
         cell, namespace = cells[key], state["namespace"]
@@ -543,6 +562,14 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
         harmless_thread_types.append(GarbageCollectorThread)
     except ImportError:
         pass
+    torch_c = sys.modules["torch"]._C
+    function_stack, dispatch_stack = torch_c._len_torch_function_stack, \
+        torch_c._len_torch_dispatch_stack
+
+    def torch_modes() -> int:
+        return function_stack() + dispatch_stack()
+
+    state["modes"] = torch_modes()
     remember_loaded()
     state["thread_ids"] = {id(t) for t in active_threads.values()}
     state["baseline"] = list(active_threads.values())      # keeps those ids from being reused

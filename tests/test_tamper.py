@@ -4,33 +4,43 @@ A temporary course holds only the dummy lab of tests/test_pipeline.py (`99_dummy
 `scale(logits, t)`; 99_scale_test, 2 points, has a visible part and a hidden part that runs with
 `minillm.sampling.apply_temperature` disabled; 99_asset_test, 1 point). One batch, graded with
 `grade_submissions(..., workers=2)`, holds an honest submission and one submission per attack
-(the attack's code is the solution cell's body and/or extra cells after it). The honest
-submission is also graded alone, in a course of its own.
+(`ATTACKS`: the attack's code is the solution cell's body and/or extra cells around the tests).
+The honest submission is also graded alone, in a course of its own, at the same time.
+
+The attacks, by what they go for: the gradebook (find and rewrite it, daemons that outlive the
+kernel); the hidden tests (history, file system, the test's frame); delegating to the
+reference; the helpers the tests call (patched, rebound, state the integrity check does not
+snapshot); IPython's machinery; the sealed-cell hook (refused primitives, an audit hook of the
+notebook's own, code re-entering the hook, reading the kernel's memory, threads and signals);
+escaping the sandbox (files, processes, /proc/*/environ, network); robustness (not JSON,
+1,000,000 cells, 100 MB of output, an infinite loop, os._exit, 2 GiB); fake grade cells.
 
 For every attack:
 
-* the attacker earns no point it did not earn: `EARNED` is what the submission's own `scale`
-  deserves (a `scale` that multiplies by t is wrong: 0 on 99_scale_test; one that is right on
-  1-D input only fails the hidden part: 0 on 99_scale_test; both still pass 99_asset_test,
-  which calls scale(ones, 1.0)), and no cell scores more;
+* the attacker earns no point it did not earn: `Attack.earned` is what the submission's own
+  `scale` deserves (one that multiplies by t is wrong: 0 on 99_scale_test; one right on 1-D
+  input only fails the hidden part: 0 too; both still pass 99_asset_test, which calls
+  scale(ones, 1.0)), and no cell scores more;
+* what the attack tried did not work (`forbid`: lines it prints on success) and it really ran
+  (`require`);
 * nobody else's grade or feedback changes: the honest submission graded in the same batch as
   every attack gets exactly the score (and the feedback) it gets alone, and the gradebook still
   holds, after the batch, what was recorded;
 * no hidden test text (a hidden line, `BEGIN HIDDEN TESTS`, a name only the hidden part uses)
-  appears in any feedback HTML or in grades.csv, and an environment variable set in the
+  appears in any feedback page or in grades.csv, and an environment variable set in the
   grader (`GRADER_SECRET`) appears in no output;
 * no process survives the batch (nothing with the run's marker in its command line, nothing
   whose working directory is in the courses or in the jobs' temporary directory), nothing is
-  written outside the sandbox, the test's TCP / unix servers get no connection;
+  written outside the sandbox, the test's TCP and unix servers get no connection;
 * the batch finishes with one record per submission; a tampering attack ends `tampered: ...`
   or with 0 on the test cell and a reason.
 
-Wall time: ~5-6 minutes on 2 loaded cores. `TAMPER_ONLY=name,name` grades only those attacks
+Wall time: about 6-7 minutes on 2 loaded cores (20 submissions; each costs a job process, a
+sandboxed kernel and an `nbgrader autograde`). `TAMPER_ONLY=name,name` grades only those attacks
 (plus the honest submission), for working on one attack.
 """
 from __future__ import annotations
 
-import csv
 import html
 import json
 import os
@@ -69,8 +79,6 @@ HIDDEN_TOKENS = ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "manual_seed", "apply
 # --- solution bodies -----------------------------------------------------------------------
 GOOD = "def scale(logits, t):\n    return logits / t\n"
 WRONG = "def scale(logits, t):\n    return logits * t          # wrong: multiplies\n"
-HALF = ("def scale(logits, t):\n    # right on 1-D input (the visible test), wrong on 2-D (the hidden one)\n"
-        "    return logits / t if logits.dim() < 2 else logits * t\n")
 # what each kind of `scale` earns honestly (the most each test cell may score)
 E_WRONG = {SCALE_TEST: 0, ASSET_TEST: 1}
 E_GOOD = {SCALE_TEST: 2, ASSET_TEST: 1}
@@ -156,14 +164,16 @@ SHOW_LOOT = src(r'''
     import dis
     def _show(text):
         return "  ".join(str(text).split(" "))
-    print("secret found:", LOOT.get("secret") is not None, "candidates:", len(LOOT.get("candidates", [])))
+    print("secret found:", LOOT.get("secret") is not None,
+          "candidates:", len(LOOT.get("candidates", [])))
     for _route, _cands in LOOT.get("by_route", {}).items():
         print("route %s: secret %s" % (_route, any(map(_is_secret, _cands))))
     print("notes:", LOOT.get("notes"))
     for _s in dict.fromkeys(LOOT.get("sources", [])):
         print("LEAKED SOURCE:\n" + _show(_s))
     for _c in LOOT.get("codes", [])[:4]:
-        print("LEAKED CODE:", _show(_c.co_names), _show([x for x in _c.co_consts if type(x) is not types.CodeType]))
+        print("LEAKED CODE:", _show(_c.co_names),
+              _show([x for x in _c.co_consts if type(x) is not types.CodeType]))
 ''')
 
 MEMSCAN = src(r'''
@@ -401,7 +411,7 @@ ATTACKS = [
                                 data = open(p, "rb").read(5_000_000)
                             except Exception:
                                 continue
-                            if b"HIDDEN" in data or b"hidden" in data:
+                            if (b"BEGIN " + b"HIDDEN") in data:   # not this cell's own text
                                 hits.append(p)
                                 print("HIT", p, data[:20000])
             print("HITS", hits)
@@ -566,18 +576,14 @@ ATTACKS = [
             return logits * t                   # wrong
     ''')),
     # 6. the sealed cells' hook -----------------------------------------------------------------
-    Attack("sealed_hook", "refused primitives (run.__code__, gc walks, _current_frames, "
+    Attack("sealed_hook", "refused primitives: run.__code__, gc walks, _current_frames, "
            "settrace / setprofile, ctypes, cffi, _testcapi, /proc/self/mem, /proc/1/environ, a "
            "symlink to /proc, sys.audit('autograder.*') with a made-up key and with the real next "
-           "key read from the cell in pre_run_cell, run() with an unknown key); then what gets "
-           "through: an audit hook of the notebook's own that puts no-op assert_close / "
-           "reference_disabled into the test's namespace on 'autograder.fetch'; code run inside "
-           "the grader's hook while it is 'busy' (a gc.callbacks callback with "
-           "gc.set_threshold(1), a __del__ of the `x` the visible test rebinds) reading the "
-           "hook's closures; the kernel's memory through /proc/self/mem opened under a str "
-           "subclass name and through a child process's /proc/<pid>/mem: the HMAC secret, then "
-           "a report signed with it saying every test passed",
-           WRONG + STEAL + MEMSCAN + src(r'''
+           "key read from the cell in pre_run_cell, run() with an unknown key; and an audit hook "
+           "of the notebook's own (sys.addaudithook), called after the grader's with the same "
+           "arguments: on 'autograder.fetch' it puts no-op assert_close / reference_disabled "
+           "into the test's namespace and keeps the test's code object",
+           WRONG + STEAL + src(r'''
         import os, gc, json, contextlib, subprocess, autograder
         RESULTS = []
         def probe(name, fn):
@@ -595,7 +601,7 @@ ATTACKS = [
         probe("sys._current_frames", sys._current_frames)
         probe("sys.settrace", lambda: sys.settrace(lambda *a: None))
         probe("sys.setprofile", lambda: sys.setprofile(lambda *a: None))
-        probe("import ctypes", lambda: __import__("ctypes"))
+        probe("ctypes.string_at", lambda: __import__("ctypes").string_at(id(autograder), 8))
         probe("_ctypes.PyObj_FromPtr", lambda: __import__("_ctypes").PyObj_FromPtr(id(autograder)))
         probe("import cffi", lambda: __import__("cffi"))
         probe("import _testcapi", lambda: __import__("_testcapi"))
@@ -613,6 +619,7 @@ ATTACKS = [
         get_ipython().events.register("pre_run_cell", _before)
         print("\n".join(RESULTS))
 
+
         # an audit hook of our own, called after the grader's with the same arguments
         def _my_hook(event, args):
             try:
@@ -628,6 +635,17 @@ ATTACKS = [
                 LOOT["notes"].append(repr(e)[:100])
         sys.addaudithook(_my_hook)
 
+    '''), at_end=['print("\\n".join(RESULTS))', SHOW_LOOT],
+           forbid=(": ALLOWED", "INJECTED", "LEAKED CODE"),
+           require=("PROBE run.__code__: refused", "PROBE audit fetch, real key: refused")),
+    Attack("hook_reentry", "student code run inside the grader's audit hook while it is 'busy' "
+           "(so frame access is not refused): a gc.callbacks callback, with "
+           "gc.set_threshold(1) around the locked cells, and a __del__ of the `x` the visible "
+           "test rebinds (the hook drops the old x while it records the verdict); the hook's "
+           "frames and closures hold the HMAC secret and the hidden sources; a report signed "
+           "with the secret says every test passed",
+           WRONG + STEAL + src(r'''
+        import gc
         # code that runs inside the grader's hook
         def _on_gc(phase, info):
             if phase != "start" or "gc callback" in LOOT["by_route"]:
@@ -654,6 +672,16 @@ ATTACKS = [
                     LOOT["notes"].append(repr(e)[:100])
         x = _Trap()                 # the visible test rebinds x
 
+    '''), at_end=[SHOW_LOOT], forbid=("secret found: True", "LEAKED SOURCE")),
+    Attack("memory_read", "the kernel's memory read without the refused primitives: "
+           "/proc/self/mem opened under a str subclass name (the hook only recognises plain "
+           "str / bytes / Path names); a child process (no audit hook) reading "
+           "/proc/<kernel pid>/mem; ctypes (already imported by torch, so `import ctypes` "
+           "passes) whose cast / pointer reads raise no audit event: the HMAC secret (a 32-byte "
+           "bytes object) and the hidden sources; a report signed with the secret says every "
+           "test passed",
+           WRONG + STEAL + MEMSCAN + src(r'''
+        import os, json, ctypes, struct, subprocess
         # the kernel's memory
         class _Name(str):
             pass
@@ -681,9 +709,32 @@ ATTACKS = [
                 LOOT["notes"].append("child: " + r.stderr[-300:])
         except Exception as e:
             LOOT["notes"].append("child: " + repr(e)[:200])
-    '''), at_end=['print("\\n".join(RESULTS))', SHOW_LOOT],
-           forbid=(": ALLOWED", "secret found: True", "INJECTED", "LEAKED SOURCE", "LEAKED CODE"),
-           require=("PROBE run.__code__: refused", "PROBE audit fetch, real key: refused")),
+        def memscan_ctypes(type_addr):
+            pattern = struct.pack("<Qq", type_addr, 32)
+            cands = []
+            for line in open("/proc/self/maps").read().splitlines():
+                parts = line.split()
+                if len(parts) < 2 or not parts[1].startswith("rw") or \
+                        (len(parts) > 5 and parts[5].startswith("[") and parts[5] != "[heap]"):
+                    continue
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                if hi - lo > (1 << 30):
+                    continue
+                for off in range(lo, hi, 4 << 20):
+                    n = min(4 << 20, hi - off)
+                    chunk = ctypes.cast(off, ctypes.POINTER(ctypes.c_char * n)).contents.raw
+                    i = chunk.find(pattern)
+                    while i >= 0:
+                        cands.append(chunk[i + 24:i + 56])
+                        i = chunk.find(pattern, i + 1)
+            return cands
+        try:
+            cands = memscan_ctypes(id(bytes))
+            LOOT["by_route"]["ctypes"] = cands
+            LOOT["candidates"] += cands
+        except Exception as e:
+            LOOT["notes"].append("ctypes: " + repr(e)[:200])
+    '''), at_end=[SHOW_LOOT], forbid=("secret found: True", "LEAKED SOURCE")),
     Attack("sealed_hook_detected", "a background thread flips autograder.assert_close and "
            "autograder.checks._isclose to fakes and back in a loop; a SIGALRM handler "
            "(setitimer) gets frames during the test",
@@ -1098,18 +1149,7 @@ def test_nothing_written_outside_the_sandbox_and_no_connection(run):
     assert not run.listener_hits
 
 
-def test_no_hidden_test_and_no_grader_secret_in_any_feedback_or_csv(run):
-    bad = {}
-    for graded in (run.alone, run.batch):
-        for student, text in graded.feedback.items():
-            leaks = hidden_leaks(text) + (["GRADER_SECRET"] if run.secret in text else [])
-            if leaks:
-                bad[student] = leaks
-        assert not hidden_leaks(graded.csv_text) and run.secret not in graded.csv_text
-    assert not bad
-
-
-# --- each attack ------------------------------------------------------------------------------------
+# --- each attack ------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", [a.name for a in SELECTED])
 def test_attack(run, name):
     attack = BY_NAME[name]
@@ -1140,3 +1180,15 @@ def test_attack(run, name):
         f"hidden test text in {name}'s feedback: {hidden_leaks(run.batch.feedback[name])}"
     assert run.secret not in out and run.secret not in run.batch.feedback.get(name, "")
     assert not [p for p in run.host_files if name in p or run.marker in p]
+
+
+# --- every feedback page ----------------------------------------------------------------------
+def test_no_hidden_test_and_no_grader_secret_in_any_feedback_or_csv(run):
+    bad = {}
+    for graded in (run.alone, run.batch):
+        for student, text in graded.feedback.items():
+            leaks = hidden_leaks(text) + (["GRADER_SECRET"] if run.secret in text else [])
+            if leaks:
+                bad[student] = leaks
+        assert not hidden_leaks(graded.csv_text) and run.secret not in graded.csv_text
+    assert not bad
