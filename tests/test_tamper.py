@@ -623,17 +623,23 @@ ATTACKS = [
         # an audit hook of our own, called after the grader's with the same arguments
         def _my_hook(event, args):
             try:
-                if event == "autograder.fetch" and len(args) == 2 and type(args[1]) is list \
-                        and len(args[1]) == 3:
-                    code, namespace, last = args[1]
-                    LOOT["codes"].append(code)
-                    namespace["assert_close"] = lambda *a, **k: None
-                    namespace["reference_disabled"] = lambda *a, **k: contextlib.nullcontext()
-                    if "INJECTED into the test namespace" not in LOOT["notes"]:
-                        LOOT["notes"].append("INJECTED into the test namespace")
+                if event == "autograder.fetch" and len(args) == 2 and type(args[1]) is list:
+                    LOOT["notes"].append("saw a fetch, box of %d" % len(args[1]))
+                    for item in args[1]:                 # whatever the box's layout
+                        if isinstance(item, types.CodeType):
+                            LOOT["codes"].append(item)
+                        elif type(item) is dict and "__builtins__" in item:
+                            item["assert_close"] = lambda *a, **k: None
+                            item["reference_disabled"] = lambda *a, **k: contextlib.nullcontext()
+                            if "INJECTED into the test namespace" not in LOOT["notes"]:
+                                LOOT["notes"].append("INJECTED into the test namespace")
             except Exception as e:
                 LOOT["notes"].append(repr(e)[:100])
-        sys.addaudithook(_my_hook)
+        try:
+            sys.addaudithook(_my_hook)
+            print("own audit hook added")
+        except Exception as e:
+            print("own audit hook refused:", repr(e)[:200])
 
     '''), at_end=['print("\\n".join(RESULTS))', SHOW_LOOT],
            forbid=(": ALLOWED", "INJECTED", "LEAKED CODE"),
