@@ -36,14 +36,18 @@ for a locked cell. Instead (see autograder/execute.py):
 
 What it does not stop, by design of one shared process: code that races the checks from
 inside its own kernel (e.g. patching a module attribute *during* a test and restoring it before
-the test ends), reaches frames through a library helper (`inspect.stack()`), or reads the
-process's memory through a primitive not listed above (numpy's as_strided, say). Such code can change its own score and nothing else: every submission runs in
+the test ends, or a Python signal handler fired by a timer while the hook runs, which receives
+the hook's frame), reaches frames through a library helper (`inspect.stack()`), or reads the
+process's memory through a primitive that raises no audit event (`ctypes.cast`, ctypes being
+loaded by torch already; numpy's as_strided): with the secret it can sign a report of its own.
+tests/test_tamper.py keeps such an attack as a known success (`memory_read`). Such code can change its own score and nothing else: every submission runs in
 its own sandbox (autograder/sandbox.py), and only the trusted grader writes the gradebook.
 """
 from __future__ import annotations
 
 import ast
 import builtins
+import gc
 import hashlib
 import hmac
 import json
@@ -77,8 +81,8 @@ BLOCKED_IMPORTS = frozenset({"cffi", "_cffi_backend", "_testcapi", "_testinterna
                              "_testmultiphase", "_xxsubinterpreters", "_xxinterpchannels"})
 ALWAYS_REFUSED = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents",
                             "sys._current_frames", "sys._current_exceptions", "sys.settrace",
-                            "sys.setprofile"})
-REFUSED_IN_CELL = frozenset({"sys._getframe", "os.kill", "os.killpg", "signal.pthread_kill"})
+                            "sys.setprofile", "sys.addaudithook"})
+REFUSED_IN_CELL = frozenset({"os.kill", "os.killpg", "signal.pthread_kill"})
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
 SECRET_FILES = frozenset({"mem", "environ"})     # of /proc/<pid>/: the process's memory, env
 # IPython puts these into builtins around each cell; they are not the course's to check.
@@ -152,7 +156,7 @@ def run(key: str) -> None:
     """Run the locked cell `key` (the stub calls this); raise AssertionError if it failed."""
     box: list = []
     _audit("autograder.fetch", key, box)
-    code, namespace, last, test = box
+    code, namespace, last, test, trash = box     # trash: what the hook let go of (dropped here)
     ok, message, line = True, "", 0
     try:
         if test:                        # a Tensor subclass returned by student code must not
@@ -170,9 +174,9 @@ def run(key: str) -> None:
         line = tb.tb_next.tb_lineno if tb is not None and tb.tb_next is not None else 0
         if _isinstance(e, _KeyboardInterrupt):
             _audit("autograder.record", key, False,
-                   "interrupted: the cell ran past its time limit", line)
+                   "interrupted: the cell ran past its time limit", line, trash)
             raise
-    _audit("autograder.record", key, ok, message, line)
+    _audit("autograder.record", key, ok, message, line, trash)
     if not ok:
         box = []
         _audit("autograder.verdict", key, box)
@@ -246,6 +250,11 @@ def install(path: str) -> None:
         if cell["kind"] == "setup" and tree.body and isinstance(tree.body[-1], ast.Expr):
             last = compile(ast.Expression(tree.body.pop().value), "<locked cell>", "eval")
         compiled[key] = (compile(tree, f"<locked cell {cell['grade_id']}>", "exec"), last)
+    try:        # PR_SET_DUMPABLE = 0: no other process (a child of the notebook's) may read this
+        import ctypes                   # one's memory through /proc/<pid>/mem or ptrace
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
     sys.addaudithook(_make_hook(bytes.fromhex(data["key"]), data["cells"], compiled, user_ns))
 
 
@@ -266,6 +275,8 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
     PermissionError_, ImportError_, AssertionError_ = PermissionError, ImportError, \
         AssertionError
     getframe, hmac_digest, sleep, range_ = sys._getframe, _hashlib.hmac_digest, time.sleep, range
+    str_getitem, bytes_getitem, slice_ = str.__getitem__, bytes.__getitem__, slice
+    gc_enabled, gc_enable, gc_disable = gc.isenabled, gc.enable, gc.disable
     thread_count, getsignal = _thread._count, _signal.getsignal
     function_type, module_type = types.FunctionType, types.ModuleType
     module_dict = types.ModuleType.__dict__["__dict__"].__get__
@@ -430,17 +441,22 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
                             "message": message, "tampered": True}
             raise AssertionError_(cell["grade_id"] + ": not run: " + message)
         code, last = compiled[key]
+        trash = []
         if cell["kind"] == "test":
-            user_ns.update(trusted)             # what the setup cells bound, whatever since
+            for name, value in trusted.items():  # what the setup cells bound, whatever since
+                old = user_ns.get(name, missing)
+                if old is not value:
+                    trash.append(old)
+                    user_ns[name] = value
             namespace = dict_(user_ns)
             namespace["__builtins__"] = private_builtins
         else:
             namespace = user_ns                 # its functions must see the student's later
         state.update(cell=key, test=cell["kind"] == "test", namespace=namespace,
                      keys=set_(k for k in namespace if type_(k) is str_))
-        box.extend([code, namespace, last, cell["kind"] == "test"])
+        box.extend([code, namespace, last, cell["kind"] == "test", trash])
 
-    def record(key, ok, message, line) -> None:
+    def record(key, ok, message, line, trash) -> None:
         cell, namespace = cells[key], state["namespace"]
         state.update(cell=None, test=False, namespace=None)
         for name in list_(namespace.keys()) if namespace is not user_ns else ():
@@ -448,11 +464,13 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
                     (cell["kind"] == "test" and name in trusted):
                 continue
             value = namespace[name]
-            if user_ns.get(name, missing) is not value:
+            old = user_ns.get(name, missing)
+            if old is not value:
+                trash.append(old)
                 user_ns[name] = value
         for name in state["keys"] if namespace is not user_ns else ():
             if name not in namespace and name != "__builtins__":
-                user_ns.pop(name, None)
+                trash.append(user_ns.pop(name, None))
         if cell["kind"] == "setup":
             for name in cell.get("trust", []):
                 if name in namespace:
@@ -477,18 +495,21 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
     def checked(event, args) -> None:
         """autograder.* events: fetch and record only from autograder.sealed.run. The hook
         ignores the events its own work raises (reading code objects, its frame look-up): it
-        calls only C functions and its own closures, so no student code runs meanwhile."""
+        calls only C functions and its own closures, the hook keeps the garbage collector off
+        (no gc.callbacks), and the student objects it lets go of are handed back to run() to
+        drop (no __del__ in here), so no student code runs meanwhile."""
         state["busy"] = True
         try:
             if event in ("autograder.fetch", "autograder.record"):
-                caller = getframe(2)            # hook <- checked <- the caller of sys.audit
+                caller = getframe(3)            # checked <- screen <- hook <- sys.audit's caller
                 if caller.f_code is not run_code or caller.f_globals is not run_globals:
                     refuse("raising " + event + " outside autograder.sealed.run")
                 if event == "autograder.fetch" and len_(args) == 2 and \
                         type_(args[0]) is str_ and type_(args[1]) is list_ and not args[1]:
                     fetch(args[0], args[1])
-                elif event == "autograder.record" and len_(args) == 4 and \
-                        type_(args[0]) is str_ and args[0] == state["cell"]:
+                elif event == "autograder.record" and len_(args) == 5 and \
+                        type_(args[0]) is str_ and args[0] == state["cell"] and \
+                        type_(args[4]) is list_:
                     record(*args)
                 else:
                     refuse("a malformed " + event)
@@ -502,9 +523,11 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
 
     def path_name(target):
         """The last component of an open() target, read without running any code of its."""
-        if type_(target) is str_:
+        if issubclass_(type_(target), str_):     # a str subclass's methods are not called
+            target = str_getitem(target, slice_(None))
             return target.rstrip("/").rsplit("/", 1)[-1]
-        if type_(target) is bytes_:
+        if issubclass_(type_(target), bytes_):
+            target = bytes_getitem(target, slice_(None))
             return target.rstrip(b"/").rsplit(b"/", 1)[-1].decode("utf-8", "replace")
         if type_(target) in path_types:
             parts = path_parts(target)
@@ -517,6 +540,15 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
             refuse("an audit event that is not a plain string")
         if state["busy"]:
             return
+        collecting = gc_enabled()               # no gc.callbacks of the student's in here
+        gc_disable()
+        try:
+            screen(event, args)
+        finally:
+            if collecting:
+                gc_enable()
+
+    def screen(event, args):
         if event.startswith("autograder."):
             checked(event, args)
             return
@@ -533,23 +565,23 @@ def _make_hook(secret: bytes, cells: dict, compiled: dict, user_ns: dict):
             refuse("changing the grader's functions")
         if event == "object.__getattr__" and len_(args) == 2 and id_(args[0]) in protected:
             refuse("reading the grader's code")
-        if state["test"] and (event in refused_in_cell or (
-                event == "object.__getattr__" and len_(args) == 2 and
-                type_(args[1]) is str_ and args[1] in frame_attributes)):
+        if event == "sys._getframe" or (event == "object.__getattr__" and len_(args) == 2 and
+                                        type_(args[1]) is str_ and args[1] in frame_attributes):
+            if from_notebook():                 # the library's own frame look-ups are fine
+                refuse(event + (" " + args[1] if event == "object.__getattr__" else "") +
+                       " from notebook code", ValueError_ if event == "sys._getframe"
+                       else AttributeError_)
+        if state["test"] and event in refused_in_cell:
             if event == "os.kill" and len_(args) == 2 and type_(args[0]) is int_ and \
                     args[0] == pid and type_(args[1]) is int_ and args[1] == sigint:
                 return
-            if not from_notebook():
-                return                          # the library's own frame look-ups
-            refuse(event + (" " + args[1] if event == "object.__getattr__" else "") +
-                   " while a test runs", ValueError_ if event == "sys._getframe"
-                   else AttributeError_ if event == "object.__getattr__" else RuntimeError_)
+            refuse(event + " while a test runs")
 
     def from_notebook() -> bool:
         """Was the audited call made by code compiled from a notebook cell (not the library)?"""
         state["busy"] = True
         try:
-            name = code_filename(getframe(3).f_code)    # <- from_notebook <- hook <- caller
+            name = code_filename(getframe(3).f_code)    # from_notebook <- screen <- hook <- caller
         finally:
             state["busy"] = False
         return not (type_(name) is str_ and name.startswith(roots))

@@ -230,6 +230,7 @@ class Attack:
     require: tuple = ()                # strings that must be (the attack really ran)
     raw: str | None = None             # a notebook file that is not a notebook
     build: object = None               # fn(released notebook) -> notebook text (special files)
+    known_open: str = ""               # an attack that still succeeds: why (strict xfail)
 
 
 def _notebook_with_fake_cells(nb):
@@ -866,6 +867,15 @@ for _a in ATTACKS:
     if _a.solution and "MEMSCAN_SOURCE" in _a.solution:
         _a.solution = _a.solution.replace("MEMSCAN_SOURCE", repr(MEMSCAN))
 BY_NAME = {a.name: a for a in ATTACKS}
+# Attacks that still succeed, each a strict xfail: the day one stops working, its test fails
+# and this entry goes. autograder/README.md ("Not guaranteed") says why they are open.
+KNOWN_OPEN = {
+    "memory_read": "the kernel reads its own memory with ctypes.cast (ctypes is loaded by torch, "
+                   "and cast raises no audit event), finds the secret that signs the verdicts "
+                   "and forges its own: one process cannot keep a secret from code it runs",
+}
+for _name, _why in KNOWN_OPEN.items():
+    BY_NAME[_name].known_open = _why
 assert len(BY_NAME) == len(ATTACKS)
 _ONLY = [x for x in os.environ.get("TAMPER_ONLY", "").split(",") if x]
 SELECTED = [a for a in ATTACKS if not _ONLY or a.name in _ONLY]
@@ -1156,7 +1166,9 @@ def test_nothing_written_outside_the_sandbox_and_no_connection(run):
 
 
 # --- each attack ------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", [a.name for a in SELECTED])
+@pytest.mark.parametrize("name", [
+    pytest.param(a.name, marks=pytest.mark.xfail(strict=True, reason=a.known_open))
+    if a.known_open else a.name for a in SELECTED])
 def test_attack(run, name):
     attack = BY_NAME[name]
     rec = run.batch.records.get(name)
@@ -1190,9 +1202,14 @@ def test_attack(run, name):
 
 # --- every feedback page ----------------------------------------------------------------------
 def test_no_hidden_test_and_no_grader_secret_in_any_feedback_or_csv(run):
+    """Every page but those of the attacks known to succeed (they read the hidden code and
+    print it in their own feedback: their own xfail test covers that)."""
     bad = {}
+    open_attacks = {a.name for a in SELECTED if a.known_open}
     for graded in (run.alone, run.batch):
         for student, text in graded.feedback.items():
+            if student in open_attacks:
+                continue
             leaks = hidden_leaks(text) + (["GRADER_SECRET"] if run.secret in text else [])
             if leaks:
                 bad[student] = leaks
