@@ -96,11 +96,14 @@ def trusted_names(source_nb) -> dict[str, list[str]]:
 
 
 def _files(folder: Path, limit: int | None = None) -> dict[str, str]:
+    """Files under `folder` (no notebooks), never through a symlink: a submission may hold a
+    link to the instructor's labs/ or the gradebook."""
     out, total = {}, 0
     if not folder.is_dir():
         return out
     for p in sorted(folder.rglob("*")):
         if not p.is_file() or p.is_symlink() or p.suffix == ".ipynb" or \
+                not p.resolve().is_relative_to(folder.resolve()) or \
                 any(part in (".ipynb_checkpoints", "__pycache__") for part in p.parts):
             continue
         total += p.stat().st_size
