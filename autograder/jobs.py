@@ -333,9 +333,8 @@ def _main(folder: str) -> int:
     for name, text in job["notebooks"].items():
         nb = nbformat.reads(text, as_version=4)
         base = Path(tempfile.mkdtemp(prefix="run_", dir=tmp))
-        work, runtime = base / "work", base / "runtime"
+        work, runtime = base / "work", _socket_dir(base)
         work.mkdir()
-        runtime.mkdir()
         for rel, data in job["files"].items():
             dest = work / rel
             if not dest.resolve().is_relative_to(work.resolve()):
@@ -345,8 +344,20 @@ def _main(folder: str) -> int:
         result["reports"][name] = _execute_notebook(nb, work, runtime, job, print)
         result["notebooks"][name] = nbformat.writes(nb)
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(runtime, ignore_errors=True)
     (tmp / "result.json").write_text(json.dumps(result))
     return 0
+
+
+def _socket_dir(base: Path) -> Path:
+    """The folder for the kernel's connection file and ipc sockets: `base/runtime`, or a fresh
+    folder in /tmp where that path is too long for a Unix socket (a long TMPDIR)."""
+    from .sandbox import MAX_IPC_PATH
+    runtime = base / "runtime"
+    if len(str(runtime)) + len("/k0123456789ab-65535") > MAX_IPC_PATH:
+        return Path(tempfile.mkdtemp(prefix="agrt_", dir="/tmp"))
+    runtime.mkdir()
+    return runtime
 
 
 # --- recording ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -272,8 +273,11 @@ def test_grade_command_survives_crashes_hangs_and_memory_hogs(pipeline, tmp_path
         nb.cells[2].source = body
         (subs / student / DUMMY).mkdir(parents=True)
         nbformat.write(nb, str(subs / student / DUMMY / f"{DUMMY}.ipynb"))
+    jobs_tmp = tmp_path / "jobs_tmp"        # this run's jobs, apart from other workers' jobs
+    jobs_tmp.mkdir()
     r = _run("grade", str(subs), "--root", str(course.root), "--cell-timeout", "6",
-             "--notebook-timeout", "40", "--mem-gb", "1", *sandbox_flag())
+             "--notebook-timeout", "40", "--mem-gb", "1", *sandbox_flag(),
+             env={"TMPDIR": str(jobs_tmp)})
     assert r.returncode == 0, r.stdout + r.stderr
     print(r.stdout)
     rows = {row["student_id"]: row for row in csv.DictReader(open(course.build / "grades.csv"))
@@ -293,12 +297,13 @@ def test_grade_command_survives_crashes_hangs_and_memory_hogs(pipeline, tmp_path
         leaked = [line for line in secrets + ["BEGIN HIDDEN TESTS"] if line in html]
         assert not leaked, f"{student}'s feedback shows hidden tests: {leaked}"
         assert "hidden tests: not shown" in html
-    assert_no_process_left_in(course.root)
+    assert_no_process_left_in(course.root, jobs_tmp)
 
 
-def assert_no_process_left_in(root: Path) -> None:
+def assert_no_process_left_in(root: Path, jobs_tmp: Path) -> None:
     """No job, sandbox or kernel (or anything else) still runs: nothing with its working
-    directory in the course, and no grading job's process or sandboxed kernel."""
+    directory in the course, and no process of a grading job made under `jobs_tmp` (the run's
+    own temporary folder: other xdist workers grade at the same time in theirs)."""
     psutil = pytest.importorskip("psutil")
     left = []
     for proc in psutil.process_iter(["pid", "cwd", "cmdline", "status"]):
@@ -306,7 +311,7 @@ def assert_no_process_left_in(root: Path) -> None:
             continue
         cwd = proc.info.get("cwd") or ""
         cmd = " ".join(proc.info.get("cmdline") or [])
-        if cwd.startswith(str(root)) or "autograder_job_" in cmd or "autograder.jobs" in cmd:
+        if cwd.startswith((str(root), str(jobs_tmp))) or str(jobs_tmp) in cmd:
             left.append((proc.info["pid"], cwd, cmd[:200]))
     assert not left, f"processes left running after grading: {left}"
 
@@ -346,15 +351,16 @@ def test_grade_refuses_to_run_without_the_sandbox_unless_told(pipeline, tmp_path
 
 
 @pytest.mark.xdist_group(f"pipeline_{DUMMY}")
-def test_a_submission_killed_on_the_wall_clock_scores_zero(pipeline):
+def test_a_submission_killed_on_the_wall_clock_scores_zero(pipeline, tmp_path, monkeypatch):
     course = pipeline.course
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))    # this test's jobs go here
     nb = nbformat.read(str(course.source(DUMMY) / f"{DUMMY}.ipynb"), as_version=4)
     nb.cells[2].source = "import time\ntime.sleep(600)"
     pipeline.submit("sleeper", DUMMY, nb)
     rec = course.autograde("sleeper", DUMMY, wall_timeout=15)
     assert rec.status.startswith("killed"), describe(rec)
     assert [c.score for c in rec.cells if c.autograded] == [0, 0], describe(rec)
-    assert_no_process_left_in(course.root)
+    assert_no_process_left_in(course.root, tmp_path)
 
 
 @pytest.mark.xdist_group(f"pipeline_{DUMMY}")
