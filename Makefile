@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test install clean-venv
+.PHONY: lab test check lint install clean-venv
 
 # torch is pinned and installed first, so pip never resolves an unpinned (multi-GB CUDA) torch.
 $(STAMP): pyproject.toml constraints.txt
@@ -29,8 +29,18 @@ lab: $(STAMP)
 # module and the speed checks are grouped so each group stays on one worker. TEST_WORKERS=0
 # runs everything in one process.
 TEST_WORKERS ?= 2
-test: $(STAMP)
-	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+test: lint
+	$(PY) -m pytest $(XDIST)
+
+# The developer loop (under 3 minutes on 2 cores): lint, the layer check, and every test not
+# marked slow (no notebook pipeline, sandbox, tamper suite, browser or repeated speed checks).
+check: lint
+	$(PY) -m pytest $(XDIST) -q -m "not slow"
+
+# ruff (pycodestyle, pyflakes, import order; settings in pyproject.toml) over code and notebooks.
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 clean-venv:
 	rm -rf $(VENV)

@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 
 from . import jobs as _jobs
-from .course import STUDENT_RE, Course, GradeRecord, default_mem_bytes, memory_limit_works
+from .course import STUDENT_RE, Course
+from .processes import default_mem_bytes, memory_limit_works
+from .records import GradeRecord
 
 
 def find_submissions(course: Course, subdir: Path, log=print) -> list[tuple[str, str, Path]]:

@@ -52,8 +52,13 @@ def _sanitize(course, student: str, lab: str, name: str, path: Path):
     """nbgrader autograde's own sanitizing steps, here in the grader: outputs cleared, ids
     deduplicated, kernelspec and every locked / test cell restored from the gradebook."""
     import nbformat
-    from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds,
-                                        OverwriteCells, OverwriteKernelspec)
+    from nbgrader.preprocessors import (
+        CheckCellMetadata,
+        ClearOutput,
+        DeduplicateIds,
+        OverwriteCells,
+        OverwriteKernelspec,
+    )
     size = path.stat().st_size
     if size > MAX_NOTEBOOK_BYTES:
         raise JobError(f"rejected: {path.name} is {size >> 20} MB, over the "
@@ -81,7 +86,7 @@ def _sanitize(course, student: str, lab: str, name: str, path: Path):
 def trusted_names(source_nb) -> dict[str, list[str]]:
     """grade_id of each locked setup cell -> the names it binds that the tests must see as it
     bound them (names the lab's own unlocked cells also assign, like loop variables, excluded)."""
-    from .sealed import bound_names
+    from .seal import bound_names
     free: set[str] = set()
     for c in source_nb.cells:
         m = c.metadata.get("nbgrader", {})
@@ -143,7 +148,7 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
 def execute_job(job: dict) -> dict:
     """Run the job in a child process under the job's limits; never raises. This is the
     function `grade --jobs N` runs N at a time and `grade --scheduler` ships to Dask workers."""
-    from .course import run_logged
+    from .processes import run_logged
     if job.get("rejected"):
         return {"error": job["rejected"]}
     lim = job["limits"]
@@ -221,7 +226,7 @@ def _sandbox_spec(work: Path, runtime: Path):
 def _seal(nb) -> tuple[dict, dict, dict]:
     """Replace each locked code cell by its stub. Returns (stub -> key, key -> cell info for
     the kernel, key -> original source)."""
-    from .sealed import stub, to_python
+    from .seal import stub, to_python
     stubs, table, original = {}, {}, {}
     for cell in nb.cells:
         m = cell.metadata.get("nbgrader", {})
@@ -283,7 +288,7 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
 def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log) -> dict:
     """Run one sanitized notebook in this process's executor; returns the report."""
     from .execute import GuardedExecute
-    from .sealed import verify
+    from .seal import verify
     lim = job["limits"]
     stubs, table, original = _seal(nb)
     for key, info in table.items():
@@ -387,7 +392,7 @@ def record(course, job: dict, result: dict, *, log_dir: Path | None = None):
     """nbgrader autograde with the executed notebooks replayed; the GradeRecord."""
     import nbformat
 
-    from .course import GradeRecord
+    from .records import GradeRecord
     student, lab = job["student"], job["lab"]
     replay_root = course.build / "executed"
     dest = replay_root / student / lab

@@ -80,6 +80,8 @@ import psutil
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Instance
 
+from .processes import package_parent
+
 __all__ = ["SandboxSpec", "SandboxKernelManager", "bwrap_path", "sandbox_unavailable_reason",
            "default_ro_paths", "default_env", "bwrap_argv", "PACKAGES"]
 
@@ -175,10 +177,6 @@ def _package_dirs() -> list[Path]:
     return dirs
 
 
-def _package_parent() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
 def default_ro_paths() -> list[Path]:
     """Read-only binds a kernel needs to import the course and its dependencies: the system
     directories that exist (merged-/usr links such as /bin -> usr/bin become the same links
@@ -189,7 +187,7 @@ def default_ro_paths() -> list[Path]:
     paths += [Path(sys.base_prefix).resolve(), Path(sys.prefix).absolute()]
     pkgs = _package_dirs()
     paths += pkgs
-    data = _package_parent() / "data"
+    data = package_parent() / "data"
     if data.is_dir() and any(p.parent == data.parent for p in pkgs):
         paths.append(data)
     return list(dict.fromkeys(paths))
@@ -206,7 +204,7 @@ def default_env(home: Path) -> dict[str, str]:
     env = {
         "PATH": os.pathsep.join(dict.fromkeys([venv_bin, "/usr/bin", "/bin"])),
         "HOME": str(home),
-        "PYTHONPATH": str(_package_parent()),
+        "PYTHONPATH": str(package_parent()),
         "PYTHONUNBUFFERED": "1",
         "LANG": "C.UTF-8",
         "MPLCONFIGDIR": str(home / ".config" / "matplotlib"),

@@ -48,8 +48,6 @@ from __future__ import annotations
 import ast
 import builtins
 import gc
-import hashlib
-import hmac
 import json
 import os
 import signal
@@ -57,7 +55,9 @@ import sys
 import time
 import types
 
-__all__ = ["run", "install", "report", "verify", "stub", "bound_names"]
+from .seal import hidden_lines
+
+__all__ = ["run", "install", "report"]
 
 # Bound at import; the executor imports this module before any student code runs.
 _audit = sys.audit
@@ -88,70 +88,9 @@ SECRET_FILES = frozenset({"mem", "environ"})     # of /proc/<pid>/: the process'
 # IPython puts these into builtins around each cell; they are not the course's to check.
 IPYTHON_BUILTINS = frozenset({"get_ipython", "exit", "quit", "display", "__IPYTHON__", "_",
                               "__", "___", "__builtins__", "input", "raw_input", "getpass"})
-HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 
-# --- used by the executor (trusted, outside the kernel) ---------------------------------------
-def stub(key: str) -> str:
-    """The source that stands in for a locked cell while the notebook runs."""
-    return f"__import__('autograder.sealed').sealed.run({key!r})"
-
-
-def to_python(source: str) -> str:
-    """IPython syntax (%magics, !shell) as plain Python."""
-    from IPython.core.inputtransformer2 import TransformerManager
-    return TransformerManager().transform_cell(source)
-
-
-def bound_names(source: str) -> set[str]:
-    """Top-level names a cell binds: assignments, imports, defs, classes, for/with targets."""
-    try:
-        tree = ast.parse(to_python(source))
-    except SyntaxError:
-        return set()
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            continue
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-                names.add(sub.id)
-            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
-                names.update((a.asname or a.name).split(".")[0] for a in sub.names
-                             if a.name != "*")
-    return names
-
-
-def hidden_lines(source: str) -> set[int]:
-    """1-based numbers of the lines inside ### BEGIN/END HIDDEN TESTS (markers included)."""
-    hidden, inside = set(), False
-    for i, line in enumerate(source.splitlines(), 1):
-        if HIDDEN_BEGIN in line:
-            inside = True
-        if inside:
-            hidden.add(i)
-        if HIDDEN_END in line:
-            inside = False
-    return hidden
-
-
-def verify(text: str, key: bytes) -> dict | None:
-    """The verdicts in a report from the kernel, or None unless it is signed with `key`."""
-    if not isinstance(text, str) or "\n" not in text:
-        return None
-    body, mac = text.rsplit("\n", 1)
-    want = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(want, mac.strip()):
-        return None
-    try:
-        records = ast.literal_eval(body)
-    except (ValueError, SyntaxError):
-        return None
-    return records if isinstance(records, dict) else None
-
-
-# --- used inside the kernel ---------------------------------------------------------------------
+# --- used by the executor (trusted, outside the kernel) -----------------------------------------
 def run(key: str) -> None:
     """Run the locked cell `key` (the stub calls this); raise AssertionError if it failed."""
     box: list = []
@@ -230,11 +169,11 @@ def install(path: str) -> None:
     with open(path, "rb") as f:
         data = json.loads(f.read())
     os.unlink(path)
-    import numpy   # noqa: F401  - loaded before the snapshot, like everything the tests use
-    import torch   # noqa: F401
+    import numpy  # noqa: F401  - loaded before the snapshot, like everything the tests use
+    import torch  # noqa: F401
 
-    import autograder   # noqa: F401
-    import minillm   # noqa: F401
+    import autograder  # noqa: F401
+    import minillm  # noqa: F401
     try:
         import tqdm.std
         tqdm.std.tqdm.monitor_interval = 0      # no monitor thread: the checks refuse threads
@@ -251,7 +190,7 @@ def install(path: str) -> None:
             last = compile(ast.Expression(tree.body.pop().value), "<locked cell>", "eval")
         compiled[key] = (compile(tree, f"<locked cell {cell['grade_id']}>", "exec"), last)
     try:        # PR_SET_DUMPABLE = 0: no other process (a child of the notebook's) may read this
-        import ctypes                   # one's memory through /proc/<pid>/mem or ptrace
+        import ctypes  # one's memory through /proc/<pid>/mem or ptrace
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
     except (OSError, AttributeError):
         pass

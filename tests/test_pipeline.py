@@ -380,7 +380,7 @@ def test_selfgrade_command_reports_each_cell_and_fails_without_full_marks(pipeli
 
 
 def test_selfgrade_full_marks_verdict():
-    from autograder.course import CellScore, GradeRecord
+    from autograder.records import CellScore, GradeRecord
     from autograder.selfgrade import report
     cells = [CellScore("t1", "nb", 2.0, 2.0, True), CellScore("q1", "nb", None, 1.0, False)]
     lines = []

@@ -1,0 +1,152 @@
+"""Child processes under limits: how the grader runs nbgrader and each grading job.
+
+Untrusted execution: each grading job (one student x one lab) runs in its own process
+session with
+  * a wall-clock limit (the notebook limit + a margin); on expiry the whole process tree,
+    including the kernel that jupyter_client starts in a session of its own, is killed;
+  * a memory bound, RLIMIT_DATA, inherited by the kernel. RLIMIT_DATA (Linux >= 4.7) counts
+    writable private memory (heap, anonymous mmaps: every tensor), not address-space
+    reservations; RLIMIT_AS would also count the PROT_NONE reservations that CUDA, glibc arenas
+    and thread stacks make and break `import torch` / CUDA init on big machines. Before the first
+    use, a probe imports torch (and initialises CUDA when present) under the limit; if the probe
+    fails, grading continues without the limit and says so;
+  * RLIMIT_FSIZE (no file over 1 GiB) and RLIMIT_CORE = 0.
+A submission that crashes, hangs or is killed scores zero for every test that did not pass.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+FSIZE_LIMIT = 1 << 30
+
+
+def package_parent() -> Path:
+    """The directory that holds the `autograder` package (the repository in a dev install)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(extra: dict | None = None) -> dict:
+    """Environment for nbgrader subprocesses: the venv's bin first on PATH (nbgrader shells out
+    to `alembic`), and the directory holding `autograder`/`minillm` on PYTHONPATH so the kernel
+    imports the same packages as the grader whatever its working directory."""
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bindir] + [p for p in env.get("PATH", "").split(os.pathsep)
+                                              if p and p != bindir])
+    pp = [str(package_parent())] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pp))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("MPLBACKEND", "Agg")
+    env.pop("JUPYTER_PLATFORM_DIRS", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+# --- limits --------------------------------------------------------------------------
+def limits_preexec(mem_bytes: int | None):
+    def apply():
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, FSIZE_LIMIT))
+        if mem_bytes:
+            resource.setrlimit(resource.RLIMIT_DATA, (mem_bytes, mem_bytes))
+    return apply
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, its process group and all its descendants (the kernel runs in a
+    session of its own, so killing the group alone would leave it running)."""
+    procs = []
+    try:
+        import psutil
+        try:
+            parent = psutil.Process(pid)
+            procs = parent.children(recursive=True) + [parent]
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+    except ImportError:                                    # psutil comes with ipykernel
+        pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class RunResult:
+    cmd: list[str]
+    returncode: int | None          # None when killed on timeout
+    seconds: float
+    timed_out: bool
+    log: Path | None
+    output: str = ""                # the captured output (also in `log`)
+
+
+def run_logged(cmd: list[str], *, cwd: Path, log: Path | None = None, timeout: float | None = None,
+               mem_bytes: int | None = None, env: dict | None = None) -> RunResult:
+    """Run `cmd` in its own session with limits; output to `log` (or a temporary file)."""
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(log, "w+b")
+    else:
+        fh = tempfile.TemporaryFile()
+    t0 = time.monotonic()
+    timed_out = False
+    with fh:
+        proc = subprocess.Popen(cmd, cwd=str(cwd), stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env or subprocess_env(),
+                                start_new_session=True, preexec_fn=limits_preexec(mem_bytes))
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_tree(proc.pid)
+            proc.wait()
+        except BaseException:
+            kill_tree(proc.pid)
+            proc.wait()
+            raise
+        seconds = time.monotonic() - t0
+        fh.seek(0)
+        output = fh.read().decode("utf-8", "replace")
+    return RunResult(cmd=cmd, returncode=None if timed_out else proc.returncode,
+                     seconds=seconds, timed_out=timed_out, log=log, output=output)
+
+
+_PROBE = ("import torch, autograder\n"
+          "x = torch.randn(256, 256) @ torch.randn(256, 256)\n"
+          "if torch.cuda.is_available():\n"
+          "    torch.ones(1, device='cuda'); torch.cuda.synchronize()\n"
+          "print('probe ok')\n")
+_probe_cache: dict[int, bool] = {}
+
+
+def memory_limit_works(mem_bytes: int) -> bool:
+    """Does `import torch` (and CUDA init, if present) work under RLIMIT_DATA = mem_bytes?"""
+    if mem_bytes not in _probe_cache:
+        r = run_logged([sys.executable, "-c", _PROBE], cwd=Path(tempfile.gettempdir()),
+                       timeout=300, mem_bytes=mem_bytes)
+        _probe_cache[mem_bytes] = r.returncode == 0 and "probe ok" in r.output
+    return _probe_cache[mem_bytes]
+
+
+def default_mem_bytes() -> int:
+    """Half the machine's memory, between 2 and 8 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return int(min(8 << 30, max(2 << 30, total // 2)))

@@ -1,0 +1,69 @@
+"""The grader's side of sealed cells (the kernel's side is autograder/sealed.py): the stub that
+stands in for a locked cell, the names a cell binds, the hidden-test lines, and the check of the
+verdicts the kernel signs. Runs in the trusted grader, never trusts the notebook's text."""
+from __future__ import annotations
+
+import ast
+import hashlib
+import hmac
+
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+
+def stub(key: str) -> str:
+    """The source that stands in for a locked cell while the notebook runs."""
+    return f"__import__('autograder.sealed').sealed.run({key!r})"
+
+
+def to_python(source: str) -> str:
+    """IPython syntax (%magics, !shell) as plain Python."""
+    from IPython.core.inputtransformer2 import TransformerManager
+    return TransformerManager().transform_cell(source)
+
+
+def bound_names(source: str) -> set[str]:
+    """Top-level names a cell binds: assignments, imports, defs, classes, for/with targets."""
+    try:
+        tree = ast.parse(to_python(source))
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                names.add(sub.id)
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in sub.names
+                             if a.name != "*")
+    return names
+
+
+def hidden_lines(source: str) -> set[int]:
+    """1-based numbers of the lines inside ### BEGIN/END HIDDEN TESTS (markers included)."""
+    hidden, inside = set(), False
+    for i, line in enumerate(source.splitlines(), 1):
+        if HIDDEN_BEGIN in line:
+            inside = True
+        if inside:
+            hidden.add(i)
+        if HIDDEN_END in line:
+            inside = False
+    return hidden
+
+
+def verify(text: str, key: bytes) -> dict | None:
+    """The verdicts in a report from the kernel, or None unless it is signed with `key`."""
+    if not isinstance(text, str) or "\n" not in text:
+        return None
+    body, mac = text.rsplit("\n", 1)
+    want = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(want, mac.strip()):
+        return None
+    try:
+        records = ast.literal_eval(body)
+    except (ValueError, SyntaxError):
+        return None
+    return records if isinstance(records, dict) else None
