@@ -36,3 +36,20 @@ def built_decks(tmp_path_factory) -> Path:
     assert r.returncode == 0, f"python -m slides.build failed:\n{r.stdout}\n{r.stderr}"
     (out / ".built").write_text(r.stdout)
     return out
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup` sends the tests of one `xdist_group` to one worker, so a module's
+    expensive fixture (a graded batch, a released course, a browser) is built once, not once per
+    worker. pytest-xdist marks the group by appending `@group` to `item._nodeid`; pytest 9 keeps
+    the node id in `item._id`, so that suffix is lost and the groups are scattered. Do it here."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names or "@" in item.nodeid or not hasattr(item, "_id"):
+            continue
+        from _pytest.nodeid import NodeId
+        item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
