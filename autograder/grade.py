@@ -44,7 +44,13 @@ def find_submissions(course: Course, subdir: Path, log=print) -> list[tuple[str,
         if not STUDENT_RE.match(sdir.name):
             log(f"skipping {sdir}: student ids may only use letters, digits and _ . @ -")
             continue
+        if sdir.is_symlink():
+            log(f"skipping {sdir}: a symbolic link (submissions are read as plain folders)")
+            continue
         for ldir in sorted(p for p in sdir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if ldir.is_symlink():
+                log(f"skipping {ldir}: a symbolic link (submissions are read as plain folders)")
+                continue
             if ldir.name not in labs:
                 log(f"skipping {ldir}: {ldir.name!r} is not a lab of this course {sorted(labs)}")
                 continue

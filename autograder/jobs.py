@@ -137,6 +137,8 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
             source = nbformat.read(str(course.source(lab) / f"{name}.ipynb"), as_version=4)
             job["trust"].update(trusted_names(source))
             path = folder / f"{name}.ipynb"
+            if path.is_symlink():         # a link to labs/ would grade the instructor's notebook
+                raise JobError(f"rejected: {path.name} is a symbolic link, not a notebook")
             if path.is_file():
                 job["notebooks"][name] = nbformat.writes(_sanitize(course, student, lab,
                                                                    name, path))

@@ -390,3 +390,25 @@ def test_selfgrade_full_marks_verdict():
     assert not report(GradeRecord("me", "lab", "ok", 1.0, 1.0, cells), lines.append)
     cells[0].score = 2.0
     assert not report(GradeRecord("me", "lab", "kernel died", 1.0, 1.0, cells), lines.append)
+
+
+@pytest.mark.xdist_group(f"pipeline_{DUMMY}")
+def test_a_submission_made_of_symbolic_links_is_never_followed(pipeline, tmp_path):
+    """A notebook that is a link to the instructor's source (solutions and all), or a lab folder
+    that is a link to labs/NN, would be graded as the instructor's work: the first is rejected
+    (zero), the second skipped, and neither reaches a kernel."""
+    course = pipeline.course
+    source = course.source(DUMMY) / f"{DUMMY}.ipynb"
+    subs = tmp_path / "subs"
+    (subs / "linknb" / DUMMY).mkdir(parents=True)
+    (subs / "linknb" / DUMMY / f"{DUMMY}.ipynb").symlink_to(source)
+    (subs / "linkdir").mkdir(parents=True)
+    (subs / "linkdir" / DUMMY).symlink_to(course.source(DUMMY), target_is_directory=True)
+    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback", *sandbox_flag())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"skipping {subs / 'linkdir' / DUMMY}: a symbolic link" in r.stdout, r.stdout
+    rows = {row["student_id"]: row for row in csv.DictReader(open(course.build / "grades.csv"))
+            if row["assignment"] == DUMMY}
+    assert float(rows["linknb"]["score"]) == 0.0, r.stdout
+    assert "rejected: 99_dummy.ipynb is a symbolic link" in r.stdout, r.stdout
+    assert "linkdir" not in rows or float(rows["linkdir"]["score"]) == 0.0
