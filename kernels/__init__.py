@@ -5,23 +5,27 @@
     y = w4a16_matmul(x, qweight, scales, zeros, 64)     # Triton, fused dequantize + matmul
     y_ref = w4a16_matmul_ref(x, qweight, scales, zeros, 64)
 
-Without a CUDA GPU the kernels run in Triton's CPU interpreter: TRITON_INTERPRET=1 is set here,
-before any kernel module is imported, because Triton decides between compiling and interpreting
-when a function is decorated with @triton.jit (it reads the variable then, so this works even if
-triton itself was imported earlier). Slow, but the same code path the tests compare.
+Without a CUDA GPU the kernels run in Triton's CPU interpreter (kernels/interpret.py decides).
+The package imports only torch and triton: `minillm` builds on it, never the other way.
 """
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from .dequant_ref import (dequantize_w4, dequantize_w8, pack_int4, quantize_w4,  # noqa: E402
-                          quantize_w8, unpack_int4, w4a16_matmul_ref, w8a16_matmul_ref)
-from .paged_attention_ref import (paged_attention_decode_ref,  # noqa: E402
-                                  paged_attention_decode_split_ref, slot_mapping_ref,
-                                  write_kv_ref)
+from .dequant_ref import (
+    dequantize_w4,
+    dequantize_w8,
+    pack_int4,
+    quantize_w4,
+    quantize_w8,
+    unpack_int4,
+    w4a16_matmul_ref,
+    w8a16_matmul_ref,
+)
+from .interpret import INTERPRET
+from .intmath import cdiv, next_power_of_2
+from .paged_attention_ref import (
+    paged_attention_decode_ref,
+    paged_attention_decode_split_ref,
+    slot_mapping_ref,
+    write_kv_ref,
+)
 
 try:
     from .dequant_matmul import w4a16_matmul, w8a16_matmul
@@ -48,8 +52,8 @@ except ImportError as err:  # triton is an optional dependency (pip install 'min
         raise RuntimeError(f"paged_attention_decode_split needs Triton ({_missing}); use "
                            f"paged_attention_decode_split_ref")
 
-__all__ = ["pack_int4", "unpack_int4", "quantize_w8", "quantize_w4", "dequantize_w8",
-           "dequantize_w4", "w8a16_matmul_ref", "w4a16_matmul_ref", "w8a16_matmul",
+__all__ = ["INTERPRET", "cdiv", "next_power_of_2", "pack_int4", "unpack_int4", "quantize_w8",
+           "quantize_w4", "dequantize_w8", "dequantize_w4", "w8a16_matmul_ref", "w4a16_matmul_ref", "w8a16_matmul",
            "w4a16_matmul", "write_kv_ref", "slot_mapping_ref", "paged_attention_decode_ref",
            "paged_attention_decode_split_ref", "write_kv", "paged_attention_decode",
            "paged_attention_decode_split"]

@@ -53,12 +53,11 @@ Kernel design (one program = one BLOCK_N slice of output features, looping over 
   Tried and dropped for int4: the int8 kernel's deferred reduction, and nibbles split against
   even/odd inputs instead of join + reshape (both slower).
 
-Without a GPU the package sets TRITON_INTERPRET=1 before these kernels are defined
-(kernels/__init__.py), so the same code runs, slowly, on the CPU for the tests.
+Without a GPU these kernels run in Triton's CPU interpreter (kernels/interpret.py), slowly, for
+the tests.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -66,11 +65,11 @@ import triton
 import triton.language as tl
 
 from .dequant_ref import check_w4a16_args, check_w8a16_args
+from .interpret import INTERPRET
+from .intmath import cdiv, next_power_of_2
 
 __all__ = ["w8a16_matmul", "w4a16_matmul", "Config", "pick_config", "INTERPRET"]
 
-# Read when the kernels below are decorated, like triton itself does.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # ---- block sizes -------------------------------------------------------------------------------
@@ -84,10 +83,6 @@ class Config:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None) -> Config:
@@ -108,7 +103,7 @@ def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None
             return Config(False, 1, 8, 1024, num_warps=4, num_stages=3)
         return Config(False, 1, 16, max(1024, group_size or 0), num_warps=8, num_stages=3)
     if small_group:
-        return Config(False, min(_pow2_at_least(M), 4), 16, 256)
+        return Config(False, min(next_power_of_2(M), 4), 16, 256)
     if M > 16:
         return Config(True, 64, 64, 64 if kind == "w8" else group_size)
     if kind == "w8":
@@ -312,7 +307,7 @@ def _launch_w8(x2, qweight, scales, bias, out, config: Config | None = None) -> 
         return
     cfg = config or pick_config("w8", M, N, K)
     _check_config(cfg, "w8", None)
-    grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m))
+    grid = (cdiv(N, cfg.block_n), cdiv(M, cfg.block_m))
     b = bias if bias is not None else scales  # any valid pointer; unused without HAS_BIAS
     args = (x2, qweight, scales, b, out, M, N, K, x2.stride(0), x2.stride(1),
             qweight.stride(0), qweight.stride(1), scales.stride(0), b.stride(0),
@@ -334,7 +329,7 @@ def _launch_w4(x2, qweight, scales, zeros, group_size, bias, out,
         return
     cfg = config or pick_config("w4", M, N, K, group_size)
     _check_config(cfg, "w4", group_size)
-    grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m))
+    grid = (cdiv(N, cfg.block_n), cdiv(M, cfg.block_m))
     b = bias if bias is not None else scales[:, 0]
     args = (x2, qweight, scales, zeros, b, out, M, N, K, x2.stride(0), x2.stride(1),
             qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),

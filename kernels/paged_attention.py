@@ -49,12 +49,11 @@ Kernel design:
 negative (padding), copies the token's [K, H] keys and values to row slot % block_size of block
 slot // block_size.
 
-Without a GPU the package sets TRITON_INTERPRET=1 before these kernels are defined
-(kernels/__init__.py), so the same code runs, slowly, on the CPU for the tests.
+Without a GPU these kernels run in Triton's CPU interpreter (kernels/interpret.py), slowly, for
+the tests.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -62,18 +61,19 @@ import triton
 import triton.language as tl
 
 from .dequant_matmul import _dot_args
-from .paged_attention_ref import (check_decode_args, check_write_kv_args, pick_num_splits,
-                                  split_bounds)
+from .interpret import INTERPRET
+from .intmath import next_power_of_2
+from .paged_attention_ref import (
+    check_decode_args,
+    check_write_kv_args,
+    pick_num_splits,
+    split_bounds,
+)
 
 __all__ = ["write_kv", "paged_attention_decode", "paged_attention_decode_split",
            "DecodeConfig", "pick_decode_config", "INTERPRET"]
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 # ---- launch parameters -------------------------------------------------------------------------
@@ -270,13 +270,13 @@ def _launch_write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     _write_kv_kernel[(T,)](k, v, k_cache, v_cache, slot_mapping, K, H, k_cache.shape[1],
                            *k.stride(), *v.stride(), slot_mapping.stride(0),
                            *_cache_strides(k_cache, v_cache),
-                           BLOCK_K=max(2, _pow2_at_least(K)),   # >= 2: no size-1 aranges
-                           BLOCK_H=max(2, _pow2_at_least(H)))
+                           BLOCK_K=max(2, next_power_of_2(K)),   # >= 2: no size-1 aranges
+                           BLOCK_H=max(2, next_power_of_2(H)))
 
 
 def _tile_sizes(N: int, K: int, H: int) -> dict:
     G = N // K
-    return {"BLOCK_G": max(16, _pow2_at_least(G)), "BLOCK_H": max(16, _pow2_at_least(H))}
+    return {"BLOCK_G": max(16, next_power_of_2(G)), "BLOCK_H": max(16, next_power_of_2(H))}
 
 
 def _launch_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, out,
@@ -322,7 +322,7 @@ def _launch_decode_split(q, k_cache, v_cache, block_tables, context_lens, scale:
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _merge_splits_kernel[(B, N)](
         part, lse, out, num_splits, H, *part.stride(), *lse.stride(), *out.stride(),
-        BLOCK_S=max(2, _pow2_at_least(num_splits)), BLOCK_H=tiles["BLOCK_H"], num_warps=4)
+        BLOCK_S=max(2, next_power_of_2(num_splits)), BLOCK_H=tiles["BLOCK_H"], num_warps=4)
     return part, lse
 
 

@@ -39,6 +39,8 @@ import math
 
 import torch
 
+from .intmath import cdiv
+
 __all__ = ["write_kv_ref", "paged_attention_decode_ref", "paged_attention_decode_split_ref",
            "write_kv", "paged_attention_decode", "paged_attention_decode_split",
            "check_write_kv_args", "check_decode_args", "pick_num_splits", "split_bounds",
@@ -160,7 +162,7 @@ def check_decode_args(q, k_cache, v_cache, block_tables, context_lens, scale,
             raise ValueError(f"context_lens must be >= 1 (the new token attends to itself), "
                              f"got {lo}")
         if hi > max_blocks * block_size:
-            raise ValueError(f"a context length of {hi} needs {-(-hi // block_size)} blocks of "
+            raise ValueError(f"a context length of {hi} needs {cdiv(hi, block_size)} blocks of "
                              f"{block_size}, but block_tables has only {max_blocks} columns")
         n_used = (context_lens.long() + block_size - 1) // block_size               # [B]
         in_use = torch.arange(max_blocks, device=q.device)[None, :] < n_used[:, None]
@@ -183,7 +185,7 @@ def pick_num_splits(batch: int, n_kv_heads: int, max_blocks: int, block_size: in
     but keep each split at least `min_tokens_per_split` tokens long so the extra partial results
     (and the merge) stay small next to the K/V they summarize."""
     programs = max(1, batch * n_kv_heads)
-    want = -(-2 * n_sm // programs)                                   # ceil(2 * n_sm / programs)
+    want = cdiv(2 * n_sm, programs)
     most = max(1, (max_blocks * block_size) // min_tokens_per_split)
     return int(max(1, min(want, most)))
 
@@ -194,7 +196,7 @@ def split_bounds(max_blocks: int, block_size: int, num_splits: int) -> int:
     to the longest sequence of the batch; splits past a sequence's end are empty."""
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
-    blocks_per_split = -(-max_blocks // num_splits)
+    blocks_per_split = cdiv(max_blocks, num_splits)
     return blocks_per_split * block_size
 
 

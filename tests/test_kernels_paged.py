@@ -8,21 +8,21 @@ cases are small but awkward: ragged context lengths that are not multiples of th
 block ids shuffled and unused table entries pointing at poisoned blocks, query groups of 1, 3,
 4 and 8 (MQA), a head dim that is not a power of two, fp32 / fp16 / bf16.
 """
-import os
 
+import pytest
 import torch
-
-if not torch.cuda.is_available():  # must precede the @triton.jit definitions (kernels/ does too)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from kernels import (paged_attention_decode, paged_attention_decode_ref,  # noqa: E402
-                     paged_attention_decode_split, paged_attention_decode_split_ref, write_kv,
-                     write_kv_ref)
 from kernels import paged_attention as pa  # noqa: E402
+from kernels import (  # noqa: E402
+    paged_attention_decode,
+    paged_attention_decode_ref,
+    paged_attention_decode_split,
+    paged_attention_decode_split_ref,
+    write_kv,
+    write_kv_ref,
+)
 from kernels import paged_attention_ref as par  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -30,28 +30,14 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.paged_attention_ref import gather_kv, write_kv_ref
+
 from ..model import sdpa
 
 BACKENDS = ("auto", "torch", "reference", "triton", "triton-split")
 
 
 # ---- the torch backend ------------------------------------------------------------------------
-def write_kv_torch(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """k_cache/v_cache[slot] = k/v[t] for each token t (k, v [T, K, H]; slot_mapping int64 [T])."""
-    bs = k_cache.shape[1]
-    blk, off = slot_mapping // bs, slot_mapping % bs
-    k_cache[blk, off] = k
-    v_cache[blk, off] = v
-
-
-def gather_context(cache, block_tables, num_tokens: int) -> torch.Tensor:
-    """Positions 0..num_tokens-1 of each sequence through its block table -> [B, num_tokens, K, H]."""
-    bs = cache.shape[1]
-    n_blocks = -(-num_tokens // bs)
-    blocks = cache[block_tables[:, :n_blocks].long()]          # [B, n_blocks, bs, K, H]
-    return blocks.flatten(1, 2)[:, :num_tokens]
-
-
 def context_slots(block_tables, context_lens, block_size: int) -> torch.Tensor:
     """Every cached slot of every sequence, concatenated: positions 0..context_lens[b]-1 of
     sequence b through its table -> int64 [sum(context_lens)] (ragged: no padding)."""
@@ -100,8 +86,8 @@ def prefill_torch(q, k_new, v_new, k_cache, v_cache, block_table, context_len: i
         out = sdpa(q.transpose(0, 1)[None], k_new.transpose(0, 1)[None],
                    v_new.transpose(0, 1)[None], is_causal=True)
         return out[0].transpose(0, 1)
-    k = gather_context(k_cache, block_table[None], context_len)[0].transpose(0, 1)  # [K, S, H]
-    v = gather_context(v_cache, block_table[None], context_len)[0].transpose(0, 1)
+    k = gather_kv(k_cache, block_table[None], context_len)[0].transpose(0, 1)       # [K, S, H]
+    v = gather_kv(v_cache, block_table[None], context_len)[0].transpose(0, 1)
     q_pos = torch.arange(start, context_len, device=q.device)
     mask = torch.arange(context_len, device=q.device)[None, :] <= q_pos[:, None]     # [T, S]
     out = sdpa(q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask)
@@ -111,9 +97,9 @@ def prefill_torch(q, k_new, v_new, k_cache, v_cache, block_table, context_len: i
 def _kernels(backend: str, device):
     """(write_kv, paged_attention_decode) of the chosen backend. On a GPU the kernels skip the
     checks that read tensor values (a sync each): the runner builds the metadata itself."""
-    if backend == "torch":
-        return write_kv_torch, None
     import functools
+    if backend == "torch":          # the slot writes are the kernels' reference (one definition)
+        return functools.partial(write_kv_ref, validate=False), None
     if backend == "reference":
         from kernels import paged_attention_ref as mod
     else:

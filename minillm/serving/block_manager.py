@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from kernels.intmath import cdiv
+
 from .sequence import Sequence
 
 
@@ -76,7 +78,7 @@ class BlockManager:
         return self.num_blocks - len(self.free_ids)
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     def block_table(self, seq: Sequence) -> list[int]:
         if seq.seq_id not in self.tables:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.intmath import cdiv
+
 from ..sampling import SamplingParams
 from .block_manager import BlockManager
 from .model_runner import ModelRunner
@@ -50,7 +52,7 @@ class LLMEngine:
                  enable_prefix_caching: bool = True, backend: str = "auto", clock=None):
         ctx = model.config.max_seq_len
         if num_blocks is None:              # enough that max_num_seqs full contexts never evict
-            num_blocks = max_num_seqs * -(-ctx // block_size)
+            num_blocks = max_num_seqs * cdiv(ctx, block_size)
         self.model = model
         self.max_seq_len = ctx
         self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching)
