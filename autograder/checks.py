@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from minillm.bench import WorkCounter
+
 __all__ = ["assert_close", "reference_disabled", "WorkCounter"]
 
 # --- captured at import -----------------------------------------------------------------------
@@ -301,45 +303,3 @@ def reference_disabled(*dotted_names: str):
 
 
 # --- WorkCounter ------------------------------------------------------------------------------
-class WorkCounter:
-    """Count the work a model does while the block runs.
-
-        with WorkCounter(model) as work:
-            generate(model, prompt, ...)
-        work.calls    # forward calls of `model`
-        work.tokens   # sum over those calls of ids.numel() (first positional or `ids` argument)
-
-    Uses a forward pre-hook on `model` (so `model(ids)` is counted, a direct `model.forward(...)`
-    is not), removed on exit.
-    """
-
-    def __init__(self, model: torch.nn.Module):
-        if not _isinstance(model, _Module):
-            raise TypeError(f"WorkCounter needs a torch.nn.Module, got {type(model).__name__}")
-        self.model = model
-        self.calls = 0
-        self.tokens = 0
-        self._handle = None
-
-    def _hook(self, module, args, kwargs):
-        self.calls += 1
-        ids = args[0] if args else kwargs.get("ids")
-        if _is_tensor(ids):
-            self.tokens += int(ids.numel())
-        return None
-
-    def __enter__(self) -> "WorkCounter":
-        if self._handle is not None:
-            raise RuntimeError("WorkCounter is already active")
-        self.calls = 0
-        self.tokens = 0
-        self._handle = _register_pre_hook(self.model, self._hook, with_kwargs=True)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-
-    def __repr__(self) -> str:
-        return f"WorkCounter(calls={self.calls}, tokens={self.tokens})"

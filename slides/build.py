@@ -9,7 +9,7 @@ A deck is `slides/NN_topic.md` (one per lab, same name as the lab): Markdown, wi
     ---                              a line holding only --- separates two slides
     <!-- class: title -->            first line of a slide: CSS classes for it (title, center, ...)
     ## Heading                       the slide's title (the first heading of the slide)
-    ![caption](fig:roofline)         on a line of its own: figure `roofline` of slides/figures.py
+    ![caption](fig:roofline)         on a line of its own: figure `roofline()` of slides/figures/
                                      (a matplotlib Figure -> embedded PNG, or an HTML string)
     $$ \\frac{S T}{S + T} $$          display math, rendered by matplotlib's mathtext to a PNG
     |||                              a line holding only |||: what follows goes to a right column
@@ -21,15 +21,13 @@ are inlined, images are base64 PNG, links to http(s) URLs are refused at build t
 → / space / PageDown next, ← / PageUp previous, Home / End, n notes; slide k is `deck.html#k`.
 Printing (or `--pdf`) gives one page per slide.
 
-Adding the deck of a new lab: write `slides/NN_topic.md`, add its figure functions to
-`slides/figures.py`; `make slides` and the tests pick it up.
+Adding the deck of a new lab: write `slides/NN_topic.md`, add its figure functions in a module
+`slides/figures/labNN_topic.py`; `make slides` and the tests pick it up.
 """
 from __future__ import annotations
 
 import argparse
-import base64
 import html
-import io
 import os
 import re
 import shutil
@@ -41,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import markdown
+
+from slides.mathrender import BuildError, data_uri, figure_png, math_html, png_size
 
 SLIDES_DIR = Path(__file__).resolve().parent
 REPO = SLIDES_DIR.parent
@@ -54,10 +54,6 @@ _CLASS_LINE = re.compile(r"^<!--\s*class:\s*(?P<classes>[A-Za-z0-9_\- ]+?)\s*-->
 _EXTERNAL = re.compile(r"""(?:\b(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//)"""
                        r"""|(?:url\(\s*["']?\s*(?:https?:)?//)|(?:@import)""", re.I)
 _PLACEHOLDER = "MINILLMBLOCK{}X"
-
-
-class BuildError(ValueError):
-    pass
 
 
 @dataclass
@@ -144,44 +140,6 @@ def _plain(md_inline: str) -> str:
     return re.sub(r"[*_`]", "", md_inline)
 
 
-# --- rendering ----------------------------------------------------------------------------------
-def png_size(png: bytes) -> tuple[int, int]:
-    if png[:8] != b"\x89PNG\r\n\x1a\n":
-        raise BuildError("not a PNG")
-    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
-
-
-def figure_png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return buf.getvalue()
-
-
-def math_png(tex: str, dpi: int = 200) -> bytes:
-    from matplotlib import mathtext
-    from matplotlib.font_manager import FontProperties
-    buf = io.BytesIO()
-    try:
-        mathtext.math_to_image(f"${tex}$", buf, prop=FontProperties(size=12), dpi=dpi,
-                               format="png", color="#1d2433")
-    except ValueError as e:
-        raise BuildError(f"mathtext cannot render $${tex}$$: {e}") from None
-    return buf.getvalue()
-
-
-def _data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-def math_html(tex: str) -> str:
-    """Display math as an embedded PNG, sized in em (mathtext at 12 pt, 200 dpi: 33.3 px per
-    em) so that it scales with the slide like the text around it."""
-    png = math_png(tex)
-    _, h = png_size(png)
-    return (f'<div class="math"><img src="{_data_uri(png)}" alt="{html.escape(tex, True)}" '
-            f'style="height:{h / (12 * 200 / 72):.2f}em"></div>')
-
-
 class Renderer:
     """Markdown + figure/math directives -> HTML. Figures are computed once per name."""
 
@@ -206,7 +164,7 @@ class Renderer:
             if isinstance(out, Figure):
                 png = figure_png(out)
                 w, h = png_size(png)
-                inner = (f'<img class="plot" src="{_data_uri(png)}" width="{w}" height="{h}" '
+                inner = (f'<img class="plot" src="{data_uri(png)}" width="{w}" height="{h}" '
                          f'alt="{{alt}}" data-figure="{name}">')
                 kind = "png"
             else:

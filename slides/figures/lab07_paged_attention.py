@@ -1,0 +1,276 @@
+"""Figures for the deck of lab 07: paged attention (slides/07_paged_attention.md)."""
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from .common import BLUE, GREEN, GREY, ORANGE, RED, figure, html_table, new_figure, style_axes
+
+# Counts only: the serving trace and BlockManager, the kernels' pick_num_splits, napkin bytes.
+
+def _frag_history(paged: bool, capacity: int = 2048, block: int = 16, max_new: int = 256):
+    """Lab 07's replay of a lab 06 trace on a contiguous (first-fit, prompt + max_new reserved)
+    or paged KV memory: per step, slots used / internal / external / free."""
+    from minillm.serving.trace import make_trace
+    trace = make_trace(num_requests=64, rate=40.0, seed=0, output_max=max_new)
+    reqs = [(int(r.arrival_time / 0.02), len(r.prompt_ids), r.max_new_tokens) for r in trace]
+    todo, waiting, running, done, hist, step = list(range(len(reqs))), [], {}, {}, [], 0
+    while todo or waiting or running:
+        while todo and reqs[todo[0]][0] <= step:
+            waiting.append(todo.pop(0))
+        while waiting:
+            i = waiting[0]
+            length = reqs[i][1] + done.get(i, 0)
+            if paged:
+                held = sum(-(-s["len"] // block) for s in running.values())
+                if held + -(-(length + 1) // block) > capacity // block:
+                    break
+                running[i] = {"len": length}
+            else:
+                size, end, start = reqs[i][1] + max_new, 0, None
+                for a, b in sorted((s["start"], s["size"]) for s in running.values()) + \
+                        [(capacity, 0)]:
+                    if a - end >= size:
+                        start = end
+                        break
+                    end = a + b
+                if start is None:
+                    break
+                running[i] = {"len": length, "start": start, "size": size}
+            waiting.pop(0)
+        for i, s in running.items():
+            s["len"] += 1
+            done[i] = done.get(i, 0) + 1
+        used = sum(s["len"] for s in running.values())
+        if paged:
+            held = sum(-(-s["len"] // block) for s in running.values()) * block
+            row = (used, held - used, 0, capacity - held)
+        else:
+            need = reqs[waiting[0]][1] + max_new if waiting else None
+            ext = free = end = 0
+            for a, b in sorted((s["start"], s["size"]) for s in running.values()) + \
+                    [(capacity, 0)]:
+                if need is not None and a - end < need:
+                    ext += a - end
+                else:
+                    free += a - end
+                end = a + b
+            held = sum(s["size"] for s in running.values())
+            row = (used, held - used, ext, free)
+        hist.append(row + (len(running),))
+        for i in [i for i in running if done[i] >= reqs[i][2]]:
+            del running[i]
+        step += 1
+    return hist
+
+
+@figure
+def fragmentation() -> Figure:
+    """KV slots over time for the lab 06 trace (minillm.serving.trace.make_trace, 64 requests,
+    40/s, 2048 slots): contiguous first-fit reservations of prompt + 256 vs 16-token blocks."""
+    import numpy as np
+    fig, axes = new_figure(11, 4.4, nrows=1, ncols=2, sharey=True)
+    for ax, paged in zip(axes, (False, True)):
+        h = np.array(_frag_history(paged))
+        ax.stackplot(np.arange(len(h)), h[:, 0], h[:, 1], h[:, 2], h[:, 3],
+                     colors=[GREEN, ORANGE, RED, "#e8e8e8"],
+                     labels=["used (tokens)", "internal", "external", "free"])
+        frac = h[:, 0].sum() / (h[:, 0].sum() + h[:, 1].sum())
+        ax.set_title(f"{'paged, blocks of 16' if paged else 'contiguous, prompt + 256 reserved'}"
+                     f"\ntokens fill {100 * frac:.0f} % of held memory; done after {len(h)} "
+                     f"steps", fontsize=11)
+        ax.set_xlabel("decode step")
+        style_axes(ax, grid=False)
+    axes[0].set_ylabel("KV slots (2048)")
+    axes[1].legend(loc="upper right", fontsize=9)
+    return fig
+
+
+@figure
+def block_table() -> Figure:
+    """One sequence of 11 tokens in blocks of 4: its block table [7, 2, 5] and where each
+    position lands in the pool (kernels.paged_attention_ref.slot_mapping_ref)."""
+    import torch
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    from kernels.paged_attention_ref import slot_mapping_ref
+    B, table, L = 4, [7, 2, 5], 11
+    slots = slot_mapping_ref(torch.tensor(table), torch.arange(L), B).tolist()
+    fig, ax = new_figure(8.5, 4.4)
+    colors = [BLUE, ORANGE, GREEN]
+    for pos in range(12):                                        # logical view
+        j = pos // B
+        ax.add_patch(Rectangle((pos + j * 0.4, 2.2), 0.9, 0.8,
+                               color=colors[j] if pos < L else "#eeeeee"))
+        ax.text(pos + j * 0.4 + 0.45, 2.6, str(pos) if pos < L else "", ha="center",
+                va="center", fontsize=9, color="white")
+    ax.text(-0.4, 2.6, "positions", ha="right", va="center", fontsize=11)
+    for j, b in enumerate(table):                                # the table
+        ax.add_patch(Rectangle((1.2 + j * 4.4, 0.9), 1.4, 0.7, fill=False, lw=1.5))
+        ax.text(1.9 + j * 4.4, 1.25, str(b), ha="center", va="center", fontsize=12)
+    ax.text(-0.4, 1.25, "block table", ha="right", va="center", fontsize=11)
+    for b in range(9):                                           # the pool
+        x0 = b * 2.0
+        owner = table.index(b) if b in table else None
+        for r in range(B):
+            slot = b * B + r
+            filled = slot in slots
+            ax.add_patch(Rectangle((x0 + r * 0.45, -1.0), 0.42, 0.7,
+                                   color=colors[owner] if filled else "#eeeeee"))
+        ax.text(x0 + 0.9, -1.35, f"block {b}", ha="center", va="top", fontsize=9)
+        if owner is not None:
+            ax.add_patch(FancyArrowPatch((1.9 + owner * 4.4, 0.85), (x0 + 0.9, -0.25),
+                                         arrowstyle="->", mutation_scale=12, color=GREY))
+    ax.text(-0.4, -0.65, "KV pool", ha="right", va="center", fontsize=11)
+    ax.set_title("slot = table[pos // 4] · 4 + pos % 4\nposition 9 → table[2] · 4 + 1 = "
+                 f"{slots[9]}  (block 5, row 1)", fontsize=12)
+    ax.set_xlim(-3.2, 18.2)
+    ax.set_ylim(-1.9, 3.3)
+    ax.axis("off")
+    return fig
+
+
+def _block_map_history(steps: int = 40, num_blocks: int = 32, block: int = 4):
+    """The serving BlockManager (no prefix caching) under a scripted load: a 10-token system
+    prompt kept as sequence 0; every 3rd step a request forks it, appends 2-6 prompt tokens and
+    4-12 answer tokens; every 3rd request forks a sibling answer after its prompt."""
+    import numpy as np
+
+    from minillm.serving import BlockManager, Sequence
+    bm = BlockManager(num_blocks, block, enable_prefix_caching=False)
+    root = Sequence(0, [1] * 10, prompt_len=10)
+    bm.allocate(root)
+    seqs, plans, next_id, copies = {}, {}, 1, 0
+    owner = np.full((steps, num_blocks), -1)
+    for step in range(steps):
+        if step % 3 == 0 and bm.num_free_blocks > 6:
+            s = Sequence(next_id, [1] * 10, prompt_len=10)
+            bm.fork(root, s)
+            seqs[next_id], plans[next_id] = s, [2 + next_id % 5, 4 + (3 * next_id) % 9,
+                                                next_id % 3 == 0]
+            next_id += 1
+        for sid in list(plans):
+            s, plan = seqs[sid], plans[sid]
+            s.token_ids.append(1)
+            if not bm.can_append(s):
+                s.token_ids.pop()
+                continue
+            copies += len(bm.append_slot(s))
+            if plan[0] > 0:
+                plan[0] -= 1
+                if plan[0] == 0 and plan[2]:
+                    sib = Sequence(next_id, list(s.token_ids), prompt_len=s.prompt_len)
+                    bm.fork(s, sib)
+                    seqs[next_id], plans[next_id] = sib, [0, 3 + next_id % 7, False]
+                    next_id += 1
+            else:
+                plan[1] -= 1
+                if plan[1] == 0:
+                    bm.free(s)
+                    del plans[sid]
+        for sid, table in bm.tables.items():
+            for b in table:
+                owner[step, b] = sid if bm.blocks[b].ref_count == 1 else -2
+    return owner, copies
+
+
+@figure
+def block_map() -> Figure:
+    """Which sequence owns which physical block, step by step (minillm.serving.BlockManager under
+    a scripted load with a shared system prompt and forked sibling answers)."""
+    import numpy as np
+    from matplotlib import colormaps
+    owner, copies = _block_map_history()
+    palette = colormaps["tab20"]([i for i in range(20) if i not in (14, 15)])
+    rgb = np.ones(owner.shape + (3,))
+    for s in range(owner.max() + 1):
+        rgb[owner == s] = palette[s % len(palette), :3]
+    rgb[owner == -2] = 0.35
+    fig, ax = new_figure(10, 4.6)
+    ax.imshow(rgb, aspect="auto", interpolation="nearest")
+    ax.set_xlabel("physical block")
+    ax.set_ylabel("step")
+    ax.set_title(f"colour: owner; dark gray: shared (ref count > 1); white: free — "
+                 f"{copies} copy-on-write copies", fontsize=11)
+    return fig
+
+
+@figure
+def sharing_table() -> str:
+    """Blocks in use, counted by minillm.serving.BlockManager: a shared system prompt (prefix
+    caching on vs off) and parallel sampling (fork + copy-on-write vs independent copies)."""
+    from minillm.serving import BlockManager, Sequence
+    B, rows = 16, []
+    for P, s, n in ((512, 32, 64), (100, 20, 16)):
+        used = []
+        for cache in (False, True):
+            bm = BlockManager(n * (-(-(P + s) // B)), B, enable_prefix_caching=cache)
+            for i in range(n):
+                ids = list(range(1, P + 1)) + [10_000 + 100 * i + j for j in range(s)]
+                bm.allocate(Sequence(i, ids, prompt_len=len(ids)))
+            used.append(bm.num_used_blocks)
+        rows.append([f"system prompt {P} + {n} questions of {s}", str(used[0]), str(used[1]),
+                     f"{used[0] / used[1]:.1f}×"])
+    for P, T, n in ((500, 200, 8), (500, 20, 8)):
+        bm = BlockManager(n * (-(-(P + T) // B)), B, enable_prefix_caching=False)
+        seqs = [Sequence(0, [1] * P, prompt_len=P)]
+        bm.allocate(seqs[0])
+        for c in range(1, n):
+            seqs.append(Sequence(c, [1] * P, prompt_len=P))
+            bm.fork(seqs[0], seqs[c])
+        copies = 0
+        for _ in range(T):
+            for s in seqs:
+                s.token_ids.append(1)
+                copies += len(bm.append_slot(s))
+        alone = n * (-(-(P + T) // B))
+        rows.append([f"{n} answers of {T} to a {P}-token prompt (fork; {copies} CoW copies)",
+                     str(alone), str(bm.num_used_blocks), f"{alone / bm.num_used_blocks:.1f}×"])
+    return html_table(["workload (blocks of 16)", "blocks, no sharing", "blocks, shared", "saving"],
+                  rows)
+
+
+@figure
+def decode_bytes() -> str:
+    """Napkin for one paged decode step per layer (bf16, 32 query / 8 KV heads of 128): bytes
+    of K/V read, FLOPs per byte, and the time floor on an H100 (minillm.roofline preset)."""
+    from minillm import roofline as rf
+    h100 = rf.get_hardware("h100")
+    rows = []
+    for B, L in ((32, 4096), (1, 32768), (64, 1024)):
+        kv = 2 * B * L * 8 * 128 * 2
+        flops = 4 * B * L * 32 * 128
+        rows.append([f"B = {B}, context {L:,}", f"{kv / 1e6:,.0f} MB", f"{flops / kv:.0f}",
+                     f"{kv / h100.mem_bandwidth_bytes_per_s * 1e6:,.0f} µs"])
+    return html_table(["decode step", "K/V bytes read", "FLOPs / byte",
+                   f"floor at {h100.mem_bandwidth_bytes_per_s / 1e12:.2f} TB/s"], rows)
+
+
+@figure
+def split_programs() -> Figure:
+    """Programs in the decode grid, unsplit (B · K) and split (B · K · S, S from
+    kernels.paged_attention_ref.pick_num_splits), against an H100's 132 SMs; 8 KV heads,
+    32k-token context, blocks of 16."""
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter
+
+    from kernels.paged_attention_ref import pick_num_splits
+    batches = np.array([1, 2, 4, 8, 16, 32, 64])
+    K, blocks = 8, 32768 // 16
+    unsplit = batches * K
+    split = np.array([b * K * pick_num_splits(int(b), K, blocks, 16) for b in batches])
+    fig, ax = new_figure(7, 4.6)
+    ax.plot(batches, unsplit, "o-", color=ORANGE, label="unsplit: one program per (sequence, "
+                                                        "KV head)")
+    ax.plot(batches, split, "s-", color=BLUE, label="flash-decoding: × num_splits")
+    ax.axhline(132, color=GREY, ls="--", lw=1)
+    ax.text(1.05, 150, "132 SMs (H100)", color=GREY, fontsize=10)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0f}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0f}"))
+    ax.set_xlabel("batch B (sequences)")
+    ax.set_ylabel("programs in the grid")
+    ax.set_title("at small batch the unsplit grid leaves most SMs idle", fontsize=11)
+    ax.legend(fontsize=9)
+    style_axes(ax)
+    return fig
