@@ -73,8 +73,13 @@ except Exception as e:                             # nbgrader without our packag
 
 if execute is not None:
     from nbconvert.preprocessors import ClearMetadataPreprocessor
-    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,
-                                        LimitOutput, SaveAutoGrades)
+    from nbgrader.preprocessors import (
+        AssignLatePenalties,
+        CheckCellMetadata,
+        IgnorePattern,
+        LimitOutput,
+        SaveAutoGrades,
+    )
 
     # nbgrader 0.9.6's default list with Execute replaced: `python -m autograder grade`
     # executes each submission in a sandboxed job and sets AUTOGRADER_REPLAY, so nbgrader only

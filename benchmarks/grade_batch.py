@@ -24,10 +24,11 @@ import nbformat
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from test_pipeline import wrong_notebook  # noqa: E402
+
 from autograder.course import Course  # noqa: E402
 from autograder.grade import grade_submissions  # noqa: E402
 from autograder.sandbox import sandbox_unavailable_reason  # noqa: E402
-from test_pipeline import wrong_notebook  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -120,8 +120,11 @@ def bench_batch(p: dict, timer: Timer, copy_gbps: float, warmup: int, repeats: i
 
 def bench_long(p: dict, timer: Timer, copy_gbps: float, warmup: int, repeats: int,
                num_splits: int | None) -> list:
-    from kernels import (paged_attention_decode, paged_attention_decode_ref,
-                         paged_attention_decode_split)
+    from kernels import (
+        paged_attention_decode,
+        paged_attention_decode_ref,
+        paged_attention_decode_split,
+    )
     from kernels.paged_attention import _n_sm
     from kernels.paged_attention_ref import pick_num_splits
     q, kc, vc, tables, lens = (p[n] for n in ("q", "k_cache", "v_cache", "tables", "lens"))

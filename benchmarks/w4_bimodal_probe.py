@@ -16,6 +16,7 @@ def main() -> int:
         print("benchmarks/w4_bimodal_probe.py times a GPU kernel and needs a CUDA GPU; none here")
         return 0
     import triton.testing
+
     from kernels import w4a16_matmul
     g = torch.Generator().manual_seed(0)
     q, s, z = make_layer(4096, 4096, 128, g)["w4"]

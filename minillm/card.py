@@ -10,7 +10,6 @@ import json
 import platform
 import time
 from datetime import date
-from pathlib import Path
 
 import torch
 

@@ -112,6 +112,7 @@ def cmd_napkin(a) -> int:
 
 def cmd_bench_decode(a) -> int:
     import minillm
+
     from .decode_bench import DTYPES, bench_decode
     model = minillm.load(a.model).to(DTYPES[a.dtype])
     r = bench_decode(model, prompt_len=a.prompt_len, new_tokens=a.new_tokens, batch=a.batch,
@@ -128,6 +129,7 @@ def cmd_bench_decode(a) -> int:
 
 def cmd_bench_speculative(a) -> int:
     import minillm
+
     from .speculative import bench_speculative, repetitive_prompt
     target, draft = minillm.load(a.model), minillm.load(a.draft)
     tok = minillm.load_tokenizer(a.model)
@@ -155,6 +157,7 @@ def cmd_bench_speculative(a) -> int:
 
 def cmd_bench_batching(a) -> int:
     import minillm
+
     from .serving.bench import bench_batching
     model = minillm.load(a.model)
     r = {"model": a.model,

@@ -38,8 +38,8 @@ import sympy
 from sympy import oo
 
 from .config import PRESETS as _CONFIG_PRESETS
-from .config import ModelConfig
 from .config import SHIPPED_SHAPES as _SHIPPED_PRESETS
+from .config import ModelConfig
 
 B, D, F, S, T, c = sympy.symbols("B D F S T c", positive=True)
 

@@ -5,10 +5,20 @@ import pytest
 import torch
 
 import minillm
-from minillm.attention import (CrossLayerAttention, KVProducerAttention, MLAAttention,
-                               cache_bytes_vs_length, mean_pool_kv_heads, mla_weights_from_mha,
-                               rope_last_permutation, survey, to_cla, to_gqa, to_mla,
-                               to_sliding)
+from minillm.attention import (
+    CrossLayerAttention,
+    KVProducerAttention,
+    MLAAttention,
+    cache_bytes_vs_length,
+    mean_pool_kv_heads,
+    mla_weights_from_mha,
+    rope_last_permutation,
+    survey,
+    to_cla,
+    to_gqa,
+    to_mla,
+    to_sliding,
+)
 from minillm.attention import mla as mla_mod
 from minillm.config import ModelConfig
 from minillm.evaluate import perplexity

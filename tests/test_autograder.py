@@ -10,8 +10,14 @@ import torch
 import autograder
 import minillm.bench
 import minillm.sampling
-from autograder import (RatioResult, WorkCounter, assert_close, check_ratio, reference_disabled,
-                        time_ratio)
+from autograder import (
+    RatioResult,
+    WorkCounter,
+    assert_close,
+    check_ratio,
+    reference_disabled,
+    time_ratio,
+)
 from minillm.config import ModelConfig
 from minillm.model import Transformer
 

@@ -10,8 +10,7 @@ count 0 (no leak), and every live sequence reads exactly its own history through
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
-                                 rule)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minillm.sampling import SamplingParams
 from minillm.serving import BlockManager, Sequence

@@ -14,8 +14,14 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from minillm import roofline as rf  # noqa: E402
-from minillm.explorers import (ERROR_CLASS, PLOT_CLASS, READOUT_CLASS,  # noqa: E402
-                               NapkinExplorer, napkin_explorer, plot_batches)
+from minillm.explorers import (  # noqa: E402
+    ERROR_CLASS,
+    PLOT_CLASS,
+    READOUT_CLASS,
+    NapkinExplorer,
+    napkin_explorer,
+    plot_batches,
+)
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,8 @@ def test_batch_rows_equal_single_runs(model):
 
 
 def test_seed_reproducible_and_different_seeds_differ(model):
-    p = lambda s: SamplingParams(temperature=1.5, max_new_tokens=20, seed=s)
+    def p(s):
+        return SamplingParams(temperature=1.5, max_new_tokens=20, seed=s)
     assert generate_naive(model, [7], p(1)) == generate_naive(model, [7], p(1))
     assert generate_naive(model, [7], p(1)) != generate_naive(model, [7], p(2))
 

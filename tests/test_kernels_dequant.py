@@ -18,9 +18,17 @@ pytest.importorskip("triton")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from kernels import (pack_int4, quantize_w4, quantize_w8, unpack_int4, w4a16_matmul,  # noqa: E402
-                     w4a16_matmul_ref, w8a16_matmul, w8a16_matmul_ref)
 from kernels import dequant_matmul as dm  # noqa: E402
+from kernels import (  # noqa: E402
+    pack_int4,
+    quantize_w4,
+    quantize_w8,
+    unpack_int4,
+    w4a16_matmul,
+    w4a16_matmul_ref,
+    w8a16_matmul,
+    w8a16_matmul_ref,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # max |y - oracle| allowed, relative to max |oracle|: output rounding (1 ulp) dominates

@@ -6,10 +6,22 @@ import torch.nn as nn
 import minillm
 from minillm.config import ModelConfig
 from minillm.model import Transformer
-from minillm.quant import (Int8MixedLinear, QuantLinear, absmax_quantize, awq_search, dequantize,
-                           format_table, group_quantize, group_quantize_int4, linear_inputs,
-                           model_bytes, pack_int4, quantize_model, unpack_int4,
-                           zeropoint_quantize)
+from minillm.quant import (
+    Int8MixedLinear,
+    QuantLinear,
+    absmax_quantize,
+    awq_search,
+    dequantize,
+    format_table,
+    group_quantize,
+    group_quantize_int4,
+    linear_inputs,
+    model_bytes,
+    pack_int4,
+    quantize_model,
+    unpack_int4,
+    zeropoint_quantize,
+)
 
 
 def rand(*shape, seed=0):
@@ -27,7 +39,8 @@ def test_absmax_error_is_at_most_half_a_step():
 def test_per_channel_beats_per_tensor_when_rows_differ():
     w = rand(8, 64) * torch.logspace(-3, 0, 8)[:, None]      # rows of very different scale
     # relative error of the smallest row: per tensor, its weights all round to zero
-    err = lambda q, s: ((q.float() * s - w)[0].norm() / w[0].norm()).item()
+    def err(q, s):
+        return ((q.float() * s - w)[0].norm() / w[0].norm()).item()
     assert err(*absmax_quantize(w, 8, False)) > 0.5 > 0.01 > err(*absmax_quantize(w, 8, True))
 
 

@@ -1,11 +1,16 @@
 """Exact filtered distributions on hand-made logits, and sampling frequencies that match them."""
-import math
 
 import pytest
 import torch
 
-from minillm.sampling import (SamplingParams, filter_logits, probabilities, sample,
-                              top_k_filter, top_p_filter)
+from minillm.sampling import (
+    SamplingParams,
+    filter_logits,
+    probabilities,
+    sample,
+    top_k_filter,
+    top_p_filter,
+)
 
 PROBS = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])       # sorted: 1 (.4), 3 (.3), 4 (.15), 2, 0
 LOGITS = PROBS.log()

@@ -23,8 +23,14 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 from nbformat.v4 import new_code_cell, new_notebook
 
-from autograder.sandbox import (SandboxKernelManager, SandboxSpec, bwrap_argv, default_env,
-                                default_ro_paths, sandbox_unavailable_reason)
+from autograder.sandbox import (
+    SandboxKernelManager,
+    SandboxSpec,
+    bwrap_argv,
+    default_env,
+    default_ro_paths,
+    sandbox_unavailable_reason,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 _REASON = sandbox_unavailable_reason()

@@ -18,8 +18,7 @@ from minillm.serving.engine import LLMEngine
 from minillm.serving.metrics import percentile, request_latencies, summarize, timeline
 from minillm.serving.model_runner import flatten_batch, last_rows
 from minillm.serving.static_batching import StaticBatchServer
-from minillm.serving.trace import (lognormal_lengths, make_trace, poisson_arrivals,
-                                   trace_summary)
+from minillm.serving.trace import lognormal_lengths, make_trace, poisson_arrivals, trace_summary
 
 V = 61
 

@@ -20,8 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from slides import build as sb      # noqa: E402
-from slides import figures          # noqa: E402
+from slides import build as sb  # noqa: E402
+from slides import figures  # noqa: E402
 
 DECKS = sb.find_decks()
 LABS = sorted(p.parent.name for p in (REPO / "labs").glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb")

@@ -12,9 +12,18 @@ from minillm.generate import generate_cached
 from minillm.kvcache import KVCache
 from minillm.model import Transformer
 from minillm.sampling import SamplingParams
-from minillm.speculative import (ModelDrafter, PromptLookupDrafter, SpecStats, expected_speedup,
-                                 expected_tokens_per_step, prompt_lookup, residual_distribution,
-                                 speculative_generate, verify, verify_greedy)
+from minillm.speculative import (
+    ModelDrafter,
+    PromptLookupDrafter,
+    SpecStats,
+    expected_speedup,
+    expected_tokens_per_step,
+    prompt_lookup,
+    residual_distribution,
+    speculative_generate,
+    verify,
+    verify_greedy,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -48,7 +48,6 @@ import re
 import secrets
 import shutil
 import socket
-import sys
 import tempfile
 import textwrap
 import threading
@@ -60,11 +59,11 @@ import nbformat
 import psutil
 import pytest
 from nbformat.v4 import new_code_cell
+from test_pipeline import DUMMY, write_dummy_lab
 
 from autograder.course import Course
 from autograder.grade import grade_submissions
 from autograder.sandbox import sandbox_unavailable_reason
-from test_pipeline import DUMMY, write_dummy_lab
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tamper")]

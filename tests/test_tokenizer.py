@@ -1,6 +1,7 @@
 """Byte-level BPE: any Unicode string round-trips; the shipped tokenizer compresses English."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minillm
 from minillm.tokenizer import EOS, Tokenizer

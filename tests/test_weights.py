@@ -12,7 +12,6 @@ from minillm.config import ModelConfig
 from minillm.model import Transformer
 from minillm.weights import INDEX, WEIGHTS, load_checkpoint, read_state_dict, save_checkpoint
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")   # fixture in conftest.py
 
 
