@@ -14,6 +14,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -347,3 +348,27 @@ def test_a_bad_name_after_a_good_one_disables_nothing(ref):
 
 def test_public_name():
     assert autograder.reference_disabled is reference_disabled
+
+
+def test_every_reference_a_lab_disables_exists():
+    """Each dotted name a lab's notebook passes to reference_disabled resolves (a name that moved
+    in a refactor would make that hidden test fail for every student, solution included)."""
+    import json
+    import re
+
+    from autograder.checks import _resolve
+    repo = Path(__file__).resolve().parent.parent
+    names = set()
+    for nb_path in sorted(repo.glob("labs/*/*.ipynb")):
+        for cell in json.loads(nb_path.read_text())["cells"]:
+            names.update((nb_path.parent.name, n) for n in
+                         re.findall(r"['\"]((?:minillm|kernels)\.[A-Za-z0-9_.]+)['\"]",
+                                    "".join(cell["source"])))
+    assert len(names) > 20, f"expected the labs to name their references, found {sorted(names)}"
+    missing = []
+    for lab, name in sorted(names):
+        try:
+            _resolve(name)
+        except (ValueError, ImportError, AttributeError) as e:
+            missing.append(f"{lab}: {e}")
+    assert not missing, "\n".join(missing)
