@@ -23,7 +23,7 @@ import torch
 
 from minillm.bench import WorkCounter
 
-__all__ = ["assert_close", "reference_disabled", "WorkCounter"]
+__all__ = ["assert_close", "reference_disabled", "ReferenceGuard", "WorkCounter"]
 
 # --- captured at import -----------------------------------------------------------------------
 _Tensor = torch.Tensor
@@ -221,19 +221,6 @@ def _functions_to_disable(dotted: str, obj) -> list:
     return found
 
 
-def private_copy(fn):
-    """A new function object sharing `fn`'s code, globals, defaults and closure: grading code
-    that must keep using a reference while a test disables it (`reference_disabled` swaps the
-    code of `fn` itself, so every alias of `fn` is disabled) binds this copy at import."""
-    if _type(fn) is not _FunctionType:
-        raise TypeError(f"private_copy needs a Python function, got {_type(fn).__name__}")
-    copy = _FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
-                         fn.__closure__)
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    copy.__qualname__, copy.__doc__ = fn.__qualname__, fn.__doc__
-    return copy
-
-
 def _guard_code(message: str, original):
     """A code object that raises AssertionError(message) whatever it is called with, with as many
     free variables as `original` (assigning __code__ requires that). The message is a constant of
@@ -254,6 +241,51 @@ def _guard_code(message: str, original):
                    dont_inherit=True, optimize=0), namespace)
     code = namespace["_ag_outer"]().__code__
     return code.replace(co_name=original.co_name)
+
+
+class ReferenceGuard:
+    """`reference_disabled` prepared once and entered any number of times.
+
+    The names are resolved and the guard code compiled when the object is made; entering swaps
+    the functions' code objects and leaving restores them (also when the block raises), so a
+    speed check can disable the references around each call of the student's code and leave
+    them working for its own baseline in between, at a few microseconds per call.
+    """
+
+    def __init__(self, *dotted_names: str):
+        self._targets: list = []                    # (function, guard code)
+        for dotted in dotted_names:                 # resolve (and import) everything first
+            message = (f"{dotted} is disabled during grading: this check compares your code with "
+                       f"the reference, so implement it yourself instead of calling {dotted}")
+            for f in _functions_to_disable(dotted, _resolve(dotted)):
+                self._targets.append((f, _guard_code(message, _getattr(f, "__code__"))))
+        self._entered: list = []                    # per open block: the functions it disabled
+
+    def __enter__(self) -> "ReferenceGuard":
+        mine: list = []
+        try:
+            for f, guard in self._targets:
+                if _id(f) in _disabled and _getattr(f, "__code__").co_filename == \
+                        "<autograder: reference disabled>":
+                    continue                        # an outer block (or an earlier name) has it
+                original = _getattr(f, "__code__")
+                _setattr(f, "__code__", guard)
+                _disabled[_id(f)] = (f, original)
+                mine.append(f)
+        except BaseException:
+            _restore(mine)
+            raise
+        self._entered.append(mine)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _restore(self._entered.pop())
+
+
+def _restore(functions: list) -> None:
+    for f in _reversed(functions):
+        _, original = _disabled.pop(_id(f))
+        _setattr(f, "__code__", original)
 
 
 @contextlib.contextmanager
@@ -280,26 +312,8 @@ def reference_disabled(*dotted_names: str):
     function, or its source text, before the block runs keeps a working copy; this guard does
     not stop that.
     """
-    targets = [(dotted, _functions_to_disable(dotted, _resolve(dotted)))
-               for dotted in dotted_names]          # resolve (and import) everything first
-    mine: list = []                                 # the functions this block disabled
-    try:
-        for dotted, functions in targets:
-            message = (f"{dotted} is disabled during grading: this check compares your code with "
-                       f"the reference, so implement it yourself instead of calling {dotted}")
-            for f in functions:
-                if _id(f) in _disabled and _getattr(f, "__code__").co_filename == \
-                        "<autograder: reference disabled>":
-                    continue                        # an outer block (or an earlier name) has it
-                original = _getattr(f, "__code__")
-                _setattr(f, "__code__", _guard_code(message, original))
-                _disabled[_id(f)] = (f, original)
-                mine.append(f)
+    with ReferenceGuard(*dotted_names):
         yield
-    finally:
-        for f in _reversed(mine):
-            _, original = _disabled.pop(_id(f))
-            _setattr(f, "__code__", original)
 
 
 # --- WorkCounter ------------------------------------------------------------------------------

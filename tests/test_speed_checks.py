@@ -1,25 +1,28 @@
-"""Every registered speed check gives the same verdict every time, also under a competing load.
+"""Every lab's speed check gives the same verdict every time, also under a competing load.
 
-autograder/labs/labNN.py registers SPEED_CHECKS (the check on the minillm reference: must say
-True) and optionally SLOW_CHECKS (the same check on a deliberately slow or wrong candidate: must
-say False). Each is run RUNS times, LOADED_RUNS of them while a busy loop occupies one of the CPU
-cores; one different verdict fails the test.
+autograder/labs/labNN.py defines SPEED_CHECK, a SpeedCheck record: its reference (a correct
+candidate on the library) must pass and its counter-example (the usual mistake) must fail, RUNS
+times each, LOADED_RUNS of them while a busy loop occupies one of the CPU cores; one different
+verdict fails the test. The reference must also fail when the check's guard is on: a
+submission that delegates to the library earns nothing.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
+import json
 import subprocess
 import sys
 import time
 
 import pytest
 
-from autograder.labs import all_slow_checks, all_speed_checks
+from autograder.labs import lab_modules, speed_checks
 
 RUNS = 10
 LOADED_RUNS = 4
-SPEED = all_speed_checks()
-SLOW = all_slow_checks()
+CHECKS = speed_checks()
 pytestmark = pytest.mark.slow
 
 
@@ -53,24 +56,56 @@ def test_the_competing_load_really_competes():
     assert proc.poll() is not None              # killed
 
 
-@pytest.mark.skipif(not SPEED, reason="no lab registers SPEED_CHECKS yet")
-@pytest.mark.parametrize("name", sorted(SPEED))
-def test_speed_check_passes_on_the_reference_every_time(name):
-    results = verdicts(SPEED[name])
-    assert all(v is True for _, v in results), f"{name}: verdicts {results}"
+@pytest.mark.parametrize("lab", sorted(CHECKS))
+def test_speed_check_passes_on_the_reference_every_time(lab):
+    check = CHECKS[lab]
+    results = verdicts(lambda: check.passes(check.reference))
+    assert all(v is True for _, v in results), f"{lab}: verdicts {results}"
 
 
-@pytest.mark.skipif(not SLOW, reason="no lab registers SLOW_CHECKS yet")
-@pytest.mark.parametrize("name", sorted(SLOW))
-def test_speed_check_fails_on_the_slow_candidate_every_time(name):
-    results = verdicts(SLOW[name])
-    assert all(v is False for _, v in results), f"{name}: verdicts {results}"
+@pytest.mark.parametrize("lab", sorted(CHECKS))
+def test_speed_check_fails_on_the_counter_example_every_time(lab):
+    check = CHECKS[lab]
+    results = verdicts(lambda: check.passes(check.counter_example))
+    assert all(v is False for _, v in results), f"{lab}: verdicts {results}"
 
 
-def test_registry_discovers_lab_modules():
-    from autograder.labs import lab_modules
-    names = [m.__name__ for m in lab_modules()]
-    assert names == sorted(names)
-    assert all(n.rsplit(".", 1)[-1][:3] == "lab" for n in names)
-    for key in list(SPEED) + list(SLOW):
-        assert key.split(".", 1)[0] in {n.rsplit(".", 1)[-1] for n in names}
+@pytest.mark.parametrize("lab", sorted(CHECKS))
+def test_delegating_to_the_reference_fails_the_guarded_check(lab):
+    """The graded cell runs the check guarded: the library reference, and every public function
+    of the lab module handed in as the candidate, fail while the references are off."""
+    check = CHECKS[lab]
+    with pytest.raises(AssertionError, match="is disabled during grading"):
+        check.check(check.reference, *check.fixture())
+    module = importlib.import_module(f"autograder.labs.{lab}")
+    for name, value in vars(module).items():
+        if name.startswith("_") or not inspect.isfunction(value) \
+                or value.__module__ != module.__name__:
+            continue
+        try:
+            passed = check.passes(value, guarded=True)
+        except Exception:                       # not in the candidate's signature
+            passed = False
+        assert not passed, f"{lab}.{name} passes its lab's graded speed check as a submission"
+    assert check.passes(check.reference) is True        # and the guard is lifted afterwards
+
+
+def test_every_lab_with_a_speed_test_has_a_check():
+    names = [m.__name__.rsplit(".", 1)[-1] for m in lab_modules()]
+    assert names == sorted(names) and all(n[:3] == "lab" for n in names)
+    assert sorted(CHECKS) == names              # every lab module registers one SpeedCheck
+    for lab, check in CHECKS.items():
+        assert check.grade_id.startswith(lab[3:] + "_"), (lab, check.grade_id)
+        assert check.disabled, f"{lab}: a speed check must disable the references it times"
+
+
+def test_the_measuring_command_reports_both_candidates():
+    """`python -m autograder.labs` (the source of the ranges in autograder/README.md)."""
+    out = subprocess.run([sys.executable, "-m", "autograder.labs", "lab01", "--runs", "2",
+                          "--loaded", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)["checks"]["lab01"]
+    assert row["reference"]["min"] >= row["threshold"] > row["counter_example"]["max"]
+    bad = subprocess.run([sys.executable, "-m", "autograder.labs", "lab99"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "no speed check for ['lab99']" in bad.stderr

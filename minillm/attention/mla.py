@@ -111,12 +111,15 @@ class MLAAttention(nn.Module):
             c, k_rope, k_pos = cache.update(self.layer_idx, c, k_rope, positions)
         else:
             k_pos = positions
-        attend_fn = self._attend_absorbed if self.absorb else self._attend_naive
+        attend_fn = self.attend_absorbed if self.absorb else self.attend_naive
         out = attend_fn(q_nope, q_rope, c, k_rope, positions, k_pos)     # [B, N, T, H]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, N * H))
 
-    def _attend_naive(self, q_nope, q_rope, c, k_rope, q_pos, k_pos):
-        """Up-project every cached latent to per-head keys and values, then plain MHA."""
+    def attend_naive(self, q_nope, q_rope, c, k_rope, q_pos, k_pos):
+        """Up-project every cached latent to per-head keys and values, then plain MHA.
+
+        q_nope [B, N, T, H-R], q_rope [B, N, T, R] (rotated), c [B, 1, S, C], k_rope
+        [B, 1, S, R] (rotated), positions q_pos / k_pos -> [B, N, T, H]. Lab 03's baseline."""
         B, N, S = c.shape[0], self.n_heads, c.shape[2]
         k_nope = self.k_up(c[:, 0]).view(B, S, N, self.nope_dim).transpose(1, 2)
         v = self.v_up(c[:, 0]).view(B, S, N, self.head_dim).transpose(1, 2)
@@ -124,8 +127,9 @@ class MLAAttention(nn.Module):
         q = torch.cat([q_nope, q_rope], dim=-1)
         return attend(q, k, v, q_pos, k_pos, self.window)
 
-    def _attend_absorbed(self, q_nope, q_rope, c, k_rope, q_pos, k_pos):
-        """Attend in latent space: every head shares the key [c, k_rope] and the value c."""
+    def attend_absorbed(self, q_nope, q_rope, c, k_rope, q_pos, k_pos):
+        """Attend in latent space: every head shares the key [c, k_rope] and the value c.
+        Same inputs and output as attend_naive, without up-projecting the cache."""
         B, N, T, _ = q_nope.shape
         C, R, H = self.latent_dim, self.rope_dim, self.head_dim
         w_uk = self.k_up.weight.view(N, self.nope_dim, C)

@@ -131,7 +131,7 @@ def mla_flops() -> Figure:
         q_nope, q_rope = torch.randn(1, 6, 1, 32, generator=g), torch.randn(1, 6, 1, 32, generator=g)
         c, k_rope = torch.randn(1, 1, S, 224, generator=g), torch.randn(1, 1, S, 32, generator=g)
         pos = (torch.tensor([S - 1]), torch.arange(S))
-        for name, fn in (("naive", attn._attend_naive), ("absorbed", attn._attend_absorbed)):
+        for name, fn in (("naive", attn.attend_naive), ("absorbed", attn.attend_absorbed)):
             with torch.no_grad(), FlopCounterMode(display=False) as fc:
                 fn(q_nope, q_rope, c, k_rope, *pos)
             counts[name].append(fc.get_total_flops())
