@@ -27,8 +27,8 @@ Kernel design (one program = one BLOCK_N slice of output features, looping over 
   per group per step (the group's scale and zero point are applied to that sum, below); the
   rows of x are an unrolled tl.static_range loop reusing the unpacked tile.
   M >= 2: the "dot path", tl.dot on a [16 or 64, BLOCK_K] x [BLOCK_K, BLOCK_N] tile (rows
-  padded to the block and masked). On the H100 it already beat the FMA path at M = 4: the FMA
-  path's CUDA-core work grows with M, the padded rows of a dot cost no memory traffic.
+  padded to the block and masked): the FMA path's CUDA-core work grows with M, while the padded
+  rows of a dot cost no memory traffic.
 * int4 nibbles: a byte holds k = 2j (low) and k = 2j + 1 (high). `tl.join(b & 0xF, b >> 4)`
   puts them side by side on a new last axis and a reshape merges (j, 2) back into k, so codes
   come out in natural k order and x is read contiguously.
@@ -46,12 +46,9 @@ Kernel design (one program = one BLOCK_N slice of output features, looping over 
   and uses full float32 ("ieee") for float32 x; in the interpreter it always dots in float32.
 * Every load and store is masked: N need not be a multiple of BLOCK_N, M of BLOCK_M, K of
   BLOCK_K; tensors can be strided views (offsets use the strides passed in).
-* What the H100 measured (benchmarks/RESULTS.md): at M = 1 these kernels beat cuBLAS bf16 by
-  1.38-1.60x, short of the byte ratios (2x, 3.6x): they reach 40-68% of copy bandwidth, limited by
-  the instructions per weight (unpack, convert, multiply-add) and by too few loads in flight
-  (Nsight Compute, int8 at 8192^2: 124 registers per thread, 23% occupancy, DRAM 60% busy).
-  Tried and dropped for int4: the int8 kernel's deferred reduction, and nibbles split against
-  even/odd inputs instead of join + reshape (both slower).
+
+Measured speed, what limits it, and the variants tried and dropped: benchmarks/RESULTS.md
+("Fused dequant-matmul kernels" and "What the kernels tried").
 
 Without a GPU these kernels run in Triton's CPU interpreter (kernels/interpret.py), slowly, for
 the tests.
@@ -86,15 +83,15 @@ class Config:
 
 
 def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None) -> Config:
-    """The block sizes used for a call, chosen from sweeps on an H100 (`python
-    benchmarks/dequant_matmul.py --sweep`; figures in benchmarks/RESULTS.md).
+    """The block sizes used for a call: a fixed rule, no autotuning (`python
+    benchmarks/dequant_matmul.py --sweep` times the alternatives; the sweeps that chose it are
+    in benchmarks/RESULTS.md).
 
     M = 1 (a matrix-vector product, the decode case): the FMA path. w8 steps over [8, 1024]
     int8 tiles (8 KiB) with 4 warps; w4 over [16, 1024] codes (8 KiB) with 8 warps.
-    M >= 2: the tensor-core path, 16 rows of x (64 for prefill-sized M). Already at M = 4 it
-    beat the FMA path on the H100: the FMA path's CUDA-core work grows with M, while the padded
-    rows of the dot cost no memory traffic. int4 groups under 32 codes always take the FMA path
-    (tl.dot needs K tiles >= 16)."""
+    M >= 2: the tensor-core path, 16 rows of x (64 for prefill-sized M): the FMA path's
+    CUDA-core work grows with M, while the padded rows of the dot cost no memory traffic. int4
+    groups under 32 codes always take the FMA path (tl.dot needs K tiles >= 16)."""
     if kind not in ("w8", "w4"):
         raise ValueError(f"kind must be 'w8' or 'w4', got {kind!r}")
     small_group = kind == "w4" and group_size is not None and group_size < 32

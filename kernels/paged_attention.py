@@ -87,11 +87,10 @@ class DecodeConfig:
 
 
 def pick_decode_config(head_dim: int, group: int) -> DecodeConfig:
-    """Tiles measured on an H100 (benchmarks/paged_attention.py --sweep, B=32, L=4096, 32/8
-    heads, H=128, bf16; figures in benchmarks/RESULTS.md): [128, H] tiles of K and of V per step
-    (32 KiB each in bf16) with 8 warps beat the first guess, [64, H] with 4 warps, by about 5%.
-    Bigger heads halve the tile to keep the float32 copies of K and V in registers. The query
-    group size no longer changes the choice (it is kept in the signature for callers)."""
+    """[128, H] tiles of K and of V per step (32 KiB each in bf16 at H = 128) with 8 warps: the
+    best of `benchmarks/paged_attention.py --sweep` (figures and the alternatives in
+    benchmarks/RESULTS.md). Heads over 128 halve the tile to keep the float32 copies of K and V
+    in registers. `group` (query heads per KV head) does not change the choice."""
     block_n = 128 if head_dim <= 128 else 64
     return DecodeConfig(block_n=block_n, num_warps=8, num_stages=2)
 

@@ -21,7 +21,9 @@ Schemes (all round-to-nearest, RTN, unless stated):
 
 `QuantLinear` holds weight-only w8 / w4 weights and drops into the model in place of nn.Linear;
 `quantize_model(model, "int4-awq", calib_ids=...)` returns a quantized copy; `model_bytes` counts
-what it stores.
+what it stores. Before building anything: `stored_bits_per_weight` (and its average over a
+model's linear layers, `linear_bits_per_weight`) gives the cost of a format, and
+`fake_quantize` / `fake_quantize_model` its error (weights quantized and dequantized in place).
 """
 from __future__ import annotations
 
@@ -64,7 +66,48 @@ def format_table() -> list[dict]:
     return rows
 
 
-# ---- the quantizers and the int4 packing: kernels/formats.py (the kernels read these formats) ---
+# ---- what a quantized weight costs ------------------------------------------------------------
+def stored_bits_per_weight(bits: int, group_size: int, scale_bits: int = 16,
+                           zero_point: bool = False) -> float:
+    """Bits stored per weight: `bits` for the code, plus one scale of `scale_bits` bits (and, with
+    zero_point, one zero of `scale_bits` bits) shared by the `group_size` weights of a group
+    (a whole row of K inputs for per-channel scales).
+
+    >>> stored_bits_per_weight(4, 64, zero_point=True)      # int4, g = 64, 16-bit scale and zero
+    4.5
+    >>> stored_bits_per_weight(8, 4096, scale_bits=32)      # int8 per row, fp32 scale (kernels/)
+    8.0078125
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    return bits + scale_bits * (2 if zero_point else 1) / group_size
+
+
+def linear_bits_per_weight(model, bits: int, group_size: int | None = None,
+                           scale_bits: int = 16, zero_point: bool = False,
+                           skip=("lm_head",)) -> float:
+    """`stored_bits_per_weight` averaged over the weights of every nn.Linear of `model` except
+    `skip` (what quantize_model quantizes), each layer weighted by its N * K weights;
+    group_size None: one scale per row (its K inputs)."""
+    total = stored = 0.0
+    for name in _linears(model, skip):
+        N, K = model.get_submodule(name).weight.shape
+        total += N * K
+        stored += N * K * stored_bits_per_weight(bits, K if group_size is None else group_size,
+                                                 scale_bits, zero_point)
+    return stored / total
+
+
+# ---- fake quantization (the quantizers and int4 packing: kernels/formats.py) ------------------
+def fake_quantize(weight: torch.Tensor, bits: int, group_size: int | None = None) -> torch.Tensor:
+    """Quantize and dequantize: the float32 weight [N, K] that round-to-nearest zero-point
+    `bits`-bit codes with one scale and zero per group of `group_size` inputs (None: per row)
+    stand for. A model using it computes what a quantized kernel would, without the saving."""
+    if group_size is None:
+        return dequantize(*zeropoint_quantize(weight, bits, per_channel=True))
+    return dequantize(*group_quantize(weight, group_size, bits), group_size)
+
+
 # ---- a quantized linear layer -----------------------------------------------------------------
 class QuantLinear(nn.Module):
     """Weight-only quantized drop-in for nn.Linear (w8: int8 per output channel; w4: packed int4
@@ -251,6 +294,18 @@ def _linears(model, skip=("lm_head",)) -> list[str]:
 def _set(model, name: str, module: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+@torch.no_grad()
+def fake_quantize_model(model, quantize_weight, skip=("lm_head",)):
+    """A copy of `model` whose nn.Linear weights (except `skip`) are replaced by
+    quantize_weight(W) (W in float32, e.g. `lambda w: fake_quantize(w, 3, 64)`): measures the
+    quality of a scheme with the model's own layers; it stores nothing smaller."""
+    new = copy.deepcopy(model)
+    for name in _linears(new, skip):
+        w = new.get_submodule(name).weight
+        w.copy_(quantize_weight(w.detach().float()))
+    return new
 
 
 def quantize_model(model, scheme: str, calib_ids: torch.Tensor | None = None,

@@ -47,8 +47,10 @@ def quant_napkin() -> Figure:
     bf16 KV cache: weights at 16, 8 (+ a 16-bit scale per 5120-row) and 4 bits (+ 16-bit scale
     and zero per group)."""
     from minillm import roofline
-    schemes = {"bf16": 16, "int8 per channel": 8 + 16 / 5120, "int4, g = 128": 4 + 32 / 128,
-               "int4, g = 64": 4 + 32 / 64}
+    from minillm.quant import stored_bits_per_weight as bpw
+    schemes = {"bf16": 16, "int8 per channel": bpw(8, 5120),
+               "int4, g = 128": bpw(4, 128, zero_point=True),
+               "int4, g = 64": bpw(4, 64, zero_point=True)}
     rows = {n: roofline.napkin("llama-2-13b", "h100", 1, 1000, bytes_per_param=b / 8,
                                kv_bytes_per_value=2) for n, b in schemes.items()}
     fig, ax = new_figure(9, 3.4)
@@ -129,11 +131,11 @@ def int4_packing() -> str:
 @figure
 def group_tradeoff() -> Figure:
     """Relative weight error ||W_hat - W|| / ||W|| over all of the shipped model's linear layers
-    (minillm.quant.group_quantize, round to nearest) against stored bits per weight (16-bit
-    scale and zero per group)."""
+    (minillm.quant.fake_quantize, round to nearest) against stored bits per weight
+    (minillm.quant.linear_bits_per_weight: 16-bit scale and zero per group)."""
     import torch
 
-    from minillm.quant import dequantize, group_quantize
+    from minillm.quant import fake_quantize, linear_bits_per_weight
     model, _ = model_and_tokenizer()
     ws = [m.weight.detach() for n, m in model.named_modules()
           if isinstance(m, torch.nn.Linear) and n != "lm_head"]
@@ -141,14 +143,12 @@ def group_tradeoff() -> Figure:
     for bits, color in ((2, RED), (3, ORANGE), (4, BLUE)):
         pts = []
         for G in (16, 32, 64, 128, None):
-            err = num = stored = 0.0
+            err = num = 0.0
             for w in ws:
-                g = w.shape[1] if G is None else G
-                d = dequantize(*group_quantize(w, g, bits), g) - w
-                err += d.pow(2).sum().item()
+                err += (fake_quantize(w, bits, G) - w).pow(2).sum().item()
                 num += w.pow(2).sum().item()
-                stored += w.numel() * (bits + 32 / g)
-            pts.append((stored / sum(w.numel() for w in ws), (err / num) ** 0.5, G))
+            pts.append((linear_bits_per_weight(model, bits, G, zero_point=True),
+                        (err / num) ** 0.5, G))
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=f"int{bits}")
         for b, e, G in pts:
             ax.annotate("row" if G is None else f"g{G}", (b, e), fontsize=7,
@@ -164,32 +164,25 @@ def group_tradeoff() -> Figure:
 @figure
 def quant_pareto() -> Figure:
     """KL divergence from the shipped model to its quantized copies on the first 512 held-out
-    tokens (minillm.quant.quantize_model; int3 / int2 with minillm.quant.group_quantize), against
-    stored bits per linear weight."""
-    import copy
-
+    tokens (minillm.quant.quantize_model; int3 / int2 with minillm.quant.fake_quantize_model),
+    against stored bits per linear weight (minillm.quant.linear_bits_per_weight)."""
     import torch
 
     from minillm.data import load_tokens
-    from minillm.quant import dequantize, group_quantize, quantize_model
+    from minillm.quant import (
+        fake_quantize,
+        fake_quantize_model,
+        linear_bits_per_weight,
+        quantize_model,
+    )
     model, tok = model_and_tokenizer()
     x = load_tokens(tok, "val")[:512][None]
-    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
-             and n != "lm_head"]
-    shapes = [model.get_submodule(n).weight.shape for n in names]
-    total = sum(N * K for N, K in shapes)
 
     def bits(b, G=None, zp=True):
-        return sum(N * K * (b + 16 * (1 + zp) / (K if G is None else G))
-                   for N, K in shapes) / total
+        return linear_bits_per_weight(model, b, G, zero_point=zp)
 
     def lowbit(b, G):
-        m = copy.deepcopy(model)
-        with torch.no_grad():
-            for n in names:
-                w = m.get_submodule(n).weight
-                w.copy_(dequantize(*group_quantize(w, G, b), G))
-        return m
+        return fake_quantize_model(model, lambda w: fake_quantize(w, b, G))
 
     with torch.no_grad():
         ref = model(x).log_softmax(-1)
@@ -301,11 +294,13 @@ def dequant_bytes() -> str:
     """Bytes one 4096 x 4096 linear layer moves at batch 1 in the formats of kernels/ (fp32
     scales and zeros, groups of 128) and the napkin floor on an H100 (3.35 TB/s)."""
     from minillm import roofline
+    from minillm.quant import stored_bits_per_weight as bpw
     N = K = 4096
     G = 128
     bw = roofline.get_hardware("h100").mem_bandwidth_bytes_per_s
-    moved = {"bf16 (cuBLAS)": 2 * N * K, "w8a16 (int8 + scale per row)": N * K + 4 * N,
-             "w4a16 (int4 + scale, zero per 128)": N * K // 2 + 8 * N * (K // G)}
+    moved = {"bf16 (cuBLAS)": 2 * N * K,
+             "w8a16 (int8 + scale per row)": N * K * bpw(8, K, scale_bits=32) / 8,
+             "w4a16 (int4 + scale, zero per 128)": N * K * bpw(4, G, 32, zero_point=True) / 8}
     rows = [[name, f"{b / 1e6:.1f} MB", f"{b / bw * 1e6:.1f} µs",
              f"<b>{moved['bf16 (cuBLAS)'] / b:.2f}×</b>"] for name, b in moved.items()]
     return html_table(["weights", "bytes moved", "napkin floor", "faster than bf16"], rows)

@@ -5,76 +5,23 @@ from matplotlib.figure import Figure
 
 from .common import BLUE, GREEN, GREY, ORANGE, RED, figure, html_table, new_figure, style_axes
 
-# Counts only: the serving trace and BlockManager, the kernels' pick_num_splits, napkin bytes.
-
-def _frag_history(paged: bool, capacity: int = 2048, block: int = 16, max_new: int = 256):
-    """Lab 07's replay of a lab 06 trace on a contiguous (first-fit, prompt + max_new reserved)
-    or paged KV memory: per step, slots used / internal / external / free."""
-    from minillm.serving.trace import make_trace
-    trace = make_trace(num_requests=64, rate=40.0, seed=0, output_max=max_new)
-    reqs = [(int(r.arrival_time / 0.02), len(r.prompt_ids), r.max_new_tokens) for r in trace]
-    todo, waiting, running, done, hist, step = list(range(len(reqs))), [], {}, {}, [], 0
-    while todo or waiting or running:
-        while todo and reqs[todo[0]][0] <= step:
-            waiting.append(todo.pop(0))
-        while waiting:
-            i = waiting[0]
-            length = reqs[i][1] + done.get(i, 0)
-            if paged:
-                held = sum(-(-s["len"] // block) for s in running.values())
-                if held + -(-(length + 1) // block) > capacity // block:
-                    break
-                running[i] = {"len": length}
-            else:
-                size, end, start = reqs[i][1] + max_new, 0, None
-                for a, b in sorted((s["start"], s["size"]) for s in running.values()) + \
-                        [(capacity, 0)]:
-                    if a - end >= size:
-                        start = end
-                        break
-                    end = a + b
-                if start is None:
-                    break
-                running[i] = {"len": length, "start": start, "size": size}
-            waiting.pop(0)
-        for i, s in running.items():
-            s["len"] += 1
-            done[i] = done.get(i, 0) + 1
-        used = sum(s["len"] for s in running.values())
-        if paged:
-            held = sum(-(-s["len"] // block) for s in running.values()) * block
-            row = (used, held - used, 0, capacity - held)
-        else:
-            need = reqs[waiting[0]][1] + max_new if waiting else None
-            ext = free = end = 0
-            for a, b in sorted((s["start"], s["size"]) for s in running.values()) + \
-                    [(capacity, 0)]:
-                if need is not None and a - end < need:
-                    ext += a - end
-                else:
-                    free += a - end
-                end = a + b
-            held = sum(s["size"] for s in running.values())
-            row = (used, held - used, ext, free)
-        hist.append(row + (len(running),))
-        for i in [i for i in running if done[i] >= reqs[i][2]]:
-            del running[i]
-        step += 1
-    return hist
-
+# Counts only: the fragmentation replay, BlockManager, the kernels' pick_num_splits, napkin bytes.
 
 @figure
 def fragmentation() -> Figure:
-    """KV slots over time for the lab 06 trace (minillm.serving.trace.make_trace, 64 requests,
-    40/s, 2048 slots): contiguous first-fit reservations of prompt + 256 vs 16-token blocks."""
-    import numpy as np
+    """KV slots over time for the lab 06 trace (64 requests, 40/s, 2048 slots) replayed by
+    minillm.serving.fragmentation: contiguous first-fit reservations of prompt + 256 vs
+    16-token blocks."""
+    from minillm.serving.fragmentation import held_fill, replay, trace_requests
+    requests = trace_requests(num_requests=64, rate=40.0, seed=0, max_new=256)
     fig, axes = new_figure(11, 4.4, nrows=1, ncols=2, sharey=True)
     for ax, paged in zip(axes, (False, True)):
-        h = np.array(_frag_history(paged))
-        ax.stackplot(np.arange(len(h)), h[:, 0], h[:, 1], h[:, 2], h[:, 3],
+        h = replay(requests, paged, capacity=2048, block_size=16, max_new=256)
+        ax.stackplot(range(len(h)), *[[r[k] for r in h] for k in ("used", "internal",
+                                                                   "external", "free")],
                      colors=[GREEN, ORANGE, RED, "#e8e8e8"],
                      labels=["used (tokens)", "internal", "external", "free"])
-        frac = h[:, 0].sum() / (h[:, 0].sum() + h[:, 1].sum())
+        frac = held_fill(h)
         ax.set_title(f"{'paged, blocks of 16' if paged else 'contiguous, prompt + 256 reserved'}"
                      f"\ntokens fill {100 * frac:.0f} % of held memory; done after {len(h)} "
                      f"steps", fontsize=11)
