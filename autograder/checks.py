@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minillm.bench import WorkCounter
+from minillm.timing import WorkCounter
 
 __all__ = ["assert_close", "reference_disabled", "ReferenceGuard", "WorkCounter"]
 

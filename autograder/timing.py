@@ -1,10 +1,10 @@
 """Speed checks for test cells: `time_ratio` and `check_ratio`.
 
 Time is only ever graded as a ratio of two medians measured interleaved in the same process
-(see minillm/bench.py). The timing primitives are the ones `minillm.bench` bound at import; this
+(see minillm/timing.py). The timing primitives are the ones `minillm.timing` bound at import; this
 module holds its own references to them, taken when `autograder` is imported (the grader imports
 it before the first notebook cell runs), so a submission that replaces `time.perf_counter`,
-`statistics.median` or `minillm.bench.*` later cannot change a measurement.
+`statistics.median` or `minillm.timing.*` later cannot change a measurement.
 """
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from typing import Callable
 
 import torch
 
-from minillm import bench as _bench
+from minillm import timing as _timing
 
 __all__ = ["RatioResult", "time_ratio", "check_ratio", "cuda_sync"]
 
 # --- captured at import -----------------------------------------------------------------------
-_time_interleaved = _bench.time_interleaved
-_cpu_time_interleaved = _bench.cpu_time_interleaved
-_median = _bench.median
-_ratio = _bench.ratio
+_time_interleaved = _timing.time_interleaved
+_cpu_time_interleaved = _timing.cpu_time_interleaved
+_median = _timing.median
+_ratio = _timing.ratio
 _cuda_synchronize = torch.cuda.synchronize
 _cuda_is_available = torch.cuda.is_available
 

@@ -16,7 +16,7 @@ At these M the matmul is memory-bound, so the figure of merit is bytes / time:
                 read + write) -- what this GPU's memory can actually deliver
   speedup       median bf16 time / median kernel time (> 1: faster than cuBLAS)
 
-How it times (the rules of minillm.bench, on the GPU): every kernel is checked against its torch
+How it times (the rules of minillm.timing, on the GPU): every kernel is checked against its torch
 reference first; then warm-up rounds of the same calls (at least 0.3 s, 2 s in the first run,
 so that the SM clock is up: these kernels' time follows it); then rounds that call bf16, w8, w4
 in turn (interleaved). Before each call the L2 cache (50 MB on an H100, more than a 4096 x 4096

@@ -12,7 +12,8 @@
     minillm bench batching [--requests N --rate R --seed S --max-batch B] --json
     minillm train ...            (same as python -m minillm.train)
 
-Commands that print figures take --json and then print one JSON object on stdout.
+Commands that print figures share --json (one JSON object on stdout); those that run a model
+share --model NAME|PATH and --threads N (argparse parent parsers); `_report` prints every result.
 """
 from __future__ import annotations
 
@@ -24,6 +25,20 @@ import time
 import torch
 
 from .quant import SCHEMES
+
+
+def _report(a, result: dict, text) -> int:
+    """Print a command's result: one JSON object with --json, else the text `text(result)`."""
+    print(json.dumps(result) if a.json else text(result))
+    return 0
+
+
+def _set_threads(a) -> None:
+    """--threads N: torch's intra-op threads for the whole command (default: torch's)."""
+    if getattr(a, "threads", None) is not None:
+        if a.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {a.threads}")
+        torch.set_num_threads(a.threads)
 
 
 def _load(name):
@@ -44,14 +59,10 @@ def cmd_generate(a) -> int:
     t0 = time.perf_counter()
     new = generate_naive(model, prompt, params)[0]
     dt = time.perf_counter() - t0
-    text = tok.decode(new)
-    if a.json:
-        print(json.dumps({"model": a.model, "prompt": a.prompt, "completion": text,
-                          "prompt_tokens": len(prompt), "new_tokens": len(new),
-                          "seconds": dt, "tok_s": len(new) / dt if dt else None}))
-    else:
-        print(a.prompt + text)
-    return 0
+    return _report(a, {"model": a.model, "prompt": a.prompt, "completion": tok.decode(new),
+                       "prompt_tokens": len(prompt), "new_tokens": len(new), "seconds": dt,
+                       "tok_s": len(new) / dt if dt else None},
+                   lambda r: r["prompt"] + r["completion"])
 
 
 def cmd_eval(a) -> int:
@@ -72,59 +83,42 @@ def cmd_eval(a) -> int:
     out = {"model": a.model, "quant": a.quant, "kv_int8": a.kv_int8, "split": r["split"],
            "tokens": r["tokens"], "loss": r["loss"], "ppl": r["ppl"],
            "model_bytes": model_bytes(model)}
-    if a.json:
-        print(json.dumps(out))
-    else:
-        print(f"{a.model} ({a.quant or 'bf16 weights'}, {out['model_bytes'] / 1e6:.2f} MB): "
-              f"{out['tokens']} {a.split} tokens, loss {out['loss']:.4f}, "
-              f"perplexity {out['ppl']:.2f}")
-    return 0
+    return _report(a, out, lambda o: (
+        f"{a.model} ({a.quant or 'bf16 weights'}, {o['model_bytes'] / 1e6:.2f} MB): "
+        f"{o['tokens']} {a.split} tokens, loss {o['loss']:.4f}, perplexity {o['ppl']:.2f}"))
 
 
 def cmd_eval_kv(a) -> int:
     from .attention import survey
     model, tok = _load(a.model)
-    if a.threads is not None:
-        torch.set_num_threads(a.threads)
     rows = survey(model.float(), tok, max_tokens=a.max_tokens)
-    if a.json:
-        print(json.dumps({"model": a.model, "max_tokens": a.max_tokens, "variants": rows}))
-    else:
-        print(f"{'variant':<28}{'KV bytes/token':>16}{'ppl':>9}")
-        for r in rows:
-            print(f"{r['name']:<28}{r['kv_bytes_per_token']:>16.0f}{r['ppl']:>9.2f}")
-    return 0
+    return _report(a, {"model": a.model, "max_tokens": a.max_tokens, "variants": rows},
+                   lambda o: "\n".join([f"{'variant':<28}{'KV bytes/token':>16}{'ppl':>9}"] + [
+                       f"{r['name']:<28}{r['kv_bytes_per_token']:>16.0f}{r['ppl']:>9.2f}"
+                       for r in o["variants"]]))
 
 
 def cmd_napkin(a) -> int:
     from .roofline import napkin
     r = napkin(a.model, a.gpu, a.batch, a.seq_len, kv_heads=a.kv_heads,
                bytes_per_param=a.bytes_per_param)
-    if a.json:
-        print(json.dumps(r))
-    else:
-        print(f"{r['model']} on {r['gpu']}, B={r['batch']}, S={r['seq_len']}, K={r['kv_heads']}: "
-              f"params {r['params'] / 1e9:.2f}B, memory {r['memory_bytes'] / 1e9:.1f} GB "
-              f"({'fits' if r['fits'] else 'does NOT fit'}), latency "
-              f"{r['latency_s'] * 1e3:.2f} ms/token, throughput {r['throughput_tok_s']:.0f} tok/s")
-    return 0
+    return _report(a, r, lambda r: (
+        f"{r['model']} on {r['gpu']}, B={r['batch']}, S={r['seq_len']}, K={r['kv_heads']}: "
+        f"params {r['params'] / 1e9:.2f}B, memory {r['memory_bytes'] / 1e9:.1f} GB "
+        f"({'fits' if r['fits'] else 'does NOT fit'}), latency {r['latency_s'] * 1e3:.2f} "
+        f"ms/token, throughput {r['throughput_tok_s']:.0f} tok/s"))
 
 
 def cmd_bench_decode(a) -> int:
     import minillm
 
-    from .decode_bench import DTYPES, bench_decode
+    from .decode_speed import DTYPES, bench_decode
     model = minillm.load(a.model).to(DTYPES[a.dtype])
     r = bench_decode(model, prompt_len=a.prompt_len, new_tokens=a.new_tokens, batch=a.batch,
                      naive=not a.no_naive, vs_hf=a.vs_hf, compile=a.compile, repeats=a.repeats,
                      seed=a.seed, threads=a.threads)
-    r = {"model": a.model, **r}
-    if a.json:
-        print(json.dumps(r))
-    else:
-        for k, v in r.items():
-            print(f"{k:>24}: {v:.2f}" if isinstance(v, float) else f"{k:>24}: {v}")
-    return 0
+    return _report(a, {"model": a.model, **r}, lambda r: "\n".join(
+        f"{k:>24}: {v:.2f}" if isinstance(v, float) else f"{k:>24}: {v}" for k, v in r.items()))
 
 
 def cmd_bench_speculative(a) -> int:
@@ -133,8 +127,6 @@ def cmd_bench_speculative(a) -> int:
     from .speculative import bench_speculative, repetitive_prompt
     target, draft = minillm.load(a.model), minillm.load(a.draft)
     tok = minillm.load_tokenizer(a.model)
-    if a.threads is not None:
-        torch.set_num_threads(a.threads)
     prompt = tok.encode(a.prompt)
     if not prompt:
         raise ValueError("the prompt is empty: give at least one character")
@@ -142,124 +134,111 @@ def cmd_bench_speculative(a) -> int:
     r = {"model": a.model, "draft": a.draft,
          **bench_speculative(target, draft, prompt, ks, a.new_tokens, a.repeats,
                              lookup_prompt=repetitive_prompt(tok), lookup_k=a.lookup_k)}
-    if a.json:
-        print(json.dumps(r))
-    else:
-        print(f"target alone: {r['target_tok_s']:.1f} tok/s; draft/target step cost c = "
-              f"{r['c']:.3f}")
-        for row in r["runs"]:
-            print(f"{row['drafter']:>13} k={row['k']}: alpha {row['alpha']:.2f}, "
-                  f"{row['tokens_per_step']:.2f} tokens/step (formula "
-                  f"{row['predicted_tokens_per_step']:.2f}), speed-up {row['speedup']:.2f}x, "
-                  f"exact {row['exact_greedy']}")
-    return 0
+    return _report(a, r, lambda r: "\n".join(
+        [f"target alone: {r['target_tok_s']:.1f} tok/s; draft/target step cost c = "
+         f"{r['c']:.3f}"] +
+        [f"{row['drafter']:>13} k={row['k']}: alpha {row['alpha']:.2f}, "
+         f"{row['tokens_per_step']:.2f} tokens/step (formula "
+         f"{row['predicted_tokens_per_step']:.2f}), speed-up {row['speedup']:.2f}x, "
+         f"exact {row['exact_greedy']}" for row in r["runs"]]))
 
 
 def cmd_bench_batching(a) -> int:
     import minillm
 
-    from .serving.bench import bench_batching
+    from .serving.replay import bench_batching
     model = minillm.load(a.model)
     r = {"model": a.model,
          **bench_batching(model, num_requests=a.requests, rate=a.rate, seed=a.seed,
-                          max_batch=a.max_batch, block_size=a.block_size, threads=a.threads)}
-    if a.json:
-        print(json.dumps(r))
-    else:
-        print(f"{r['requests']} requests ({r['completed']} completed): static "
-              f"{r['static_tok_s']:.1f} tok/s, continuous {r['continuous_tok_s']:.1f} tok/s "
-              f"({r['speedup']:.2f}x); p50 TTFT {r['static_ttft_p50_s']:.2f} s vs "
-              f"{r['continuous_ttft_p50_s']:.2f} s")
-    return 0
+                          max_batch=a.max_batch, block_size=a.block_size,
+                          threads=1 if a.threads is None else a.threads)}
+    return _report(a, r, lambda r: (
+        f"{r['requests']} requests ({r['completed']} completed): static "
+        f"{r['static_tok_s']:.1f} tok/s, continuous {r['continuous_tok_s']:.1f} tok/s "
+        f"({r['speedup']:.2f}x); p50 TTFT {r['static_ttft_p50_s']:.2f} s vs "
+        f"{r['continuous_ttft_p50_s']:.2f} s"))
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minillm", description="tiny LLM inference stack")
     sub = p.add_subparsers(dest="command", required=True)
+    # the options every figure-printing command shares (argparse parents)
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    run = argparse.ArgumentParser(add_help=False, parents=[out])
+    run.add_argument("--model", default="target", help="shipped name (target, draft) or directory")
+    run.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 
-    g = sub.add_parser("generate", help="continue a prompt with a model (naive loop)")
+    g = sub.add_parser("generate", parents=[run],
+                       help="continue a prompt with a model (naive loop)")
     g.add_argument("prompt")
-    g.add_argument("--model", default="target", help="shipped name (target, draft) or directory")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.8)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
 
     e = sub.add_parser("eval", help="evaluation figures")
     esub = e.add_subparsers(dest="metric", required=True)
-    ppl = esub.add_parser("ppl", help="held-out perplexity")
-    ppl.add_argument("--model", default="target")
+    ppl = esub.add_parser("ppl", parents=[run], help="held-out perplexity")
     ppl.add_argument("--split", default="val", choices=["val", "train"])
     ppl.add_argument("--max-tokens", type=int, default=None, help="evaluate a prefix only")
     ppl.add_argument("--quant", default=None, choices=SCHEMES,
                      help="quantize the linear layers first (see minillm.quant)")
     ppl.add_argument("--kv-int8", action="store_true",
                      help="run attention through an int8 KV cache (see minillm.kvquant)")
-    ppl.add_argument("--json", action="store_true")
     ppl.set_defaults(func=cmd_eval)
 
-    kv = esub.add_parser("kv-variants", help="KV bytes/token and held-out perplexity of every "
-                         "KV-shrinking conversion (lab 03)")
-    kv.add_argument("--model", default="target")
+    kv = esub.add_parser("kv-variants", parents=[run], help="KV bytes/token and held-out "
+                         "perplexity of every KV-shrinking conversion (lab 03)")
     kv.add_argument("--max-tokens", type=int, default=8192)
-    kv.add_argument("--threads", type=int, default=None)
-    kv.add_argument("--json", action="store_true")
     kv.set_defaults(func=cmd_eval_kv)
 
-    n = sub.add_parser("napkin", help="the lecture's memory / latency / throughput napkin math")
+    n = sub.add_parser("napkin", parents=[out],
+                       help="the lecture's memory / latency / throughput napkin math")
     n.add_argument("--model", default="llama-2-13b", help="preset name (see minillm.roofline)")
     n.add_argument("--gpu", default="h100", help="h100, a100, h200")
     n.add_argument("--batch", type=int, default=1)
     n.add_argument("--seq-len", type=int, default=1000)
     n.add_argument("--kv-heads", type=int, default=None, help="override K (GQA what-if)")
     n.add_argument("--bytes-per-param", type=float, default=2.0)
-    n.add_argument("--json", action="store_true")
     n.set_defaults(func=cmd_napkin)
 
     b = sub.add_parser("bench", help="measured speed comparisons (ratios from one run)")
     bsub = b.add_subparsers(dest="bench", required=True)
-    bd = bsub.add_parser("decode", help="naive vs KV-cached decode (and Hugging Face) tokens/s")
-    bd.add_argument("--model", default="target")
+    bd = bsub.add_parser("decode", parents=[run],
+                         help="naive vs KV-cached decode (and Hugging Face) tokens/s")
     bd.add_argument("--prompt-len", type=int, default=32)
     bd.add_argument("--new-tokens", type=int, default=256)
     bd.add_argument("--batch", type=int, default=1)
     bd.add_argument("--repeats", type=int, default=3)
     bd.add_argument("--seed", type=int, default=0)
-    bd.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     bd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     bd.add_argument("--vs-hf", action="store_true", help="also time Hugging Face generate")
-    bd.add_argument("--compile", action="store_true", help="also time the cached loop under torch.compile (compiles for ~1 min)")
+    bd.add_argument("--compile", action="store_true",
+                    help="also time the cached loop under torch.compile (compiles for ~1 min)")
     bd.add_argument("--no-naive", action="store_true", help="skip the (slow) naive loop")
-    bd.add_argument("--json", action="store_true")
     bd.set_defaults(func=cmd_bench_decode)
 
-    bs = bsub.add_parser("speculative", help="speculative vs plain greedy decoding")
-    bs.add_argument("--model", default="target")
+    bs = bsub.add_parser("speculative", parents=[run], help="speculative vs plain greedy decoding")
     bs.add_argument("--draft", default="draft")
     bs.add_argument("--prompt", default="HAMLET.\nTo be, or not to be, that is the question:\n")
     bs.add_argument("--k", default="1,2,3,4,6", help="comma-separated draft lengths")
     bs.add_argument("--new-tokens", type=int, default=128)
     bs.add_argument("--repeats", type=int, default=3)
-    bs.add_argument("--threads", type=int, default=None)
     bs.add_argument("--lookup-k", type=int, default=6,
                     help="draft length of prompt lookup (on a repetitive prompt)")
-    bs.add_argument("--json", action="store_true")
     bs.set_defaults(func=cmd_bench_speculative)
 
-    bb = bsub.add_parser("batching", help="static vs continuous batching on a seeded Poisson "
-                         "trace (lab 06)")
-    bb.add_argument("--model", default="target")
+    bb = bsub.add_parser("batching", parents=[run], help="static vs continuous batching on a "
+                         "seeded Poisson trace (lab 06)")
     bb.add_argument("--requests", type=int, default=128)
     bb.add_argument("--rate", type=float, default=200.0, help="arrivals per second")
     bb.add_argument("--seed", type=int, default=0)
     bb.add_argument("--max-batch", type=int, default=32, help="batch limit of both servers")
     bb.add_argument("--block-size", type=int, default=16, help="KV block size (continuous)")
-    bb.add_argument("--threads", type=int, default=1)
-    bb.add_argument("--json", action="store_true")
-    bb.set_defaults(func=cmd_bench_batching)
+    bb.set_defaults(func=cmd_bench_batching)     # without --threads: both servers on 1 thread
 
     t = sub.add_parser("train", help="train the tokenizer or a model (see python -m minillm.train)",
                        add_help=False)
@@ -275,6 +254,7 @@ def main(argv=None) -> int:
         return 0
     a = build_parser().parse_args(argv)
     try:
+        _set_threads(a)
         rc = a.func(a)
     except (ValueError, FileNotFoundError) as err:
         print(f"minillm: error: {err}", file=sys.stderr)

@@ -21,12 +21,45 @@ Module and parameter names follow Hugging Face's Llama layout (``embed_tokens``,
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+
+
+# ---- the two kinds of cache a forward pass takes ----------------------------------------------
+@runtime_checkable
+class KVStore(Protocol):
+    """A cache the attention layers write to and read from: `update` stores the new keys and
+    values of a layer and returns everything cached (with their positions); after the last layer
+    the model calls `advance` once (minillm.kvcache.KVCache, the labs' caches)."""
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions): ...
+
+    def advance(self, positions) -> None: ...
+
+
+@runtime_checkable
+class AttentionCache(Protocol):
+    """A cache that stores the keys and values AND runs the attention itself, for batches the
+    model cannot mask alone (serving: paged KV over ragged batches, padded static batches)."""
+
+    def attention(self, layer: int, q, k, v, positions, window) -> torch.Tensor: ...
+
+
+_kinds: dict = {}      # (type of cache, protocol) -> bool: one isinstance check per class
+
+
+def cache_is(cache, protocol) -> bool:
+    """isinstance(cache, protocol), remembered per class (Protocol checks are slow per call)."""
+    key = (type(cache), protocol)
+    kind = _kinds.get(key)
+    if kind is None:
+        kind = _kinds[key] = isinstance(cache, protocol)
+    return kind
 
 
 class RMSNorm(nn.Module):
@@ -97,7 +130,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)      # [B, heads, T, H]
 
-        if cache is not None and hasattr(cache, "attention"):
+        if cache is not None and cache_is(cache, AttentionCache):
             # the cache stores k/v AND attends itself (serving: paged KV, ragged batches)
             out = cache.attention(self.layer_idx, q, k, v, positions, self.window)
         else:
@@ -226,7 +259,7 @@ class Transformer(nn.Module):
         mask_positions = None if plain_causal else positions
         for layer in self.layers:
             h = layer(h, cos, sin, mask_positions, cache)
-        if cache is not None and hasattr(cache, "advance"):
+        if cache is not None and cache_is(cache, KVStore):
             cache.advance(positions)
         h = self.norm(h)
         if last_only:

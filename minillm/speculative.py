@@ -321,7 +321,7 @@ class _StepClock:
     target pass and the caches hold the real context -- not in a warm micro-benchmark."""
 
     def __init__(self):
-        from .bench import perf_counter
+        from .timing import perf_counter
         self._clock, self.label = perf_counter, None
         self.seconds: dict = {}
         self.calls: dict = {}
@@ -363,8 +363,8 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
     prompt-lookup drafting (k = lookup_k, `lookup_new_tokens` tokens) on that prompt against the
     target alone on the same prompt.
     """
-    from .bench import median, time_interleaved
     from .fast_decode import generate_packed
+    from .timing import median, time_interleaved
     n_lookup = new_tokens if lookup_new_tokens is None else lookup_new_tokens
     if new_tokens < 1 or n_lookup < 1 or repeats < 1 or not ks or min(ks) < 1 or lookup_k < 1:
         raise ValueError("need new_tokens >= 1, lookup_new_tokens >= 1, repeats >= 1, "

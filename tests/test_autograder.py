@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import autograder
-import minillm.bench
 import minillm.sampling
+import minillm.timing
 from autograder import (
     RatioResult,
     WorkCounter,
@@ -192,7 +192,7 @@ def test_time_ratio_calls_sync_after_each_run():
 
 def test_time_interleaved_keeps_dict_order():
     calls = []
-    times = minillm.bench.time_interleaved({k: (lambda k=k: calls.append(k)) for k in "xyz"},
+    times = minillm.timing.time_interleaved({k: (lambda k=k: calls.append(k)) for k in "xyz"},
                                            warmup=1, repeats=3)
     assert calls == list("xyz") * 4
     assert set(times) == set("xyz") and all(len(v) == 3 for v in times.values())
@@ -259,12 +259,12 @@ def test_patching_the_clock_after_import_does_not_change_measurements(monkeypatc
     fake = iter(range(10 ** 6)).__next__                     # a clock where every call is 1 s
     for name in ("perf_counter", "process_time"):
         monkeypatch.setattr(time, name, fake)
-    monkeypatch.setattr(minillm.bench, "perf_counter", fake)
+    monkeypatch.setattr(minillm.timing, "perf_counter", fake)
     import statistics
     monkeypatch.setattr(statistics, "median", lambda xs: 1.0)
     r = time_ratio(lambda: work(400_000), lambda: work(200_000), warmup=1, repeats=5)
     assert 1.3 < r.ratio < 3 and r.baseline_s < 1, r          # a patched clock would give 1.0
-    times = minillm.bench.time_interleaved({"a": lambda: None}, warmup=0, repeats=2)
+    times = minillm.timing.time_interleaved({"a": lambda: None}, warmup=0, repeats=2)
     assert all(t < 0.1 for t in times["a"])
 
 
@@ -275,7 +275,7 @@ def test_helpers_are_captured_before_student_code_runs():
         "import autograder, time, itertools\n"
         "c = itertools.count(0, 1000)\n"
         "time.perf_counter = time.process_time = lambda: next(c)\n"
-        "import minillm.bench; minillm.bench.perf_counter = time.perf_counter\n"
+        "import minillm.timing; minillm.timing.perf_counter = time.perf_counter\n"
         "work = lambda n: sum(i * i for i in range(n))\n"
         "r = autograder.time_ratio(lambda: work(400_000), lambda: work(200_000),\n"
         "                          warmup=1, repeats=5)\n"
@@ -290,5 +290,5 @@ def test_public_api():
     for name in ("assert_close", "reference_disabled", "WorkCounter", "time_ratio",
                  "check_ratio", "RatioResult"):
         assert name in autograder.__all__ and hasattr(autograder, name)
-    assert minillm.bench.median([3, 1, 2]) == 2
-    assert minillm.bench.ratio([2, 2, 2], [1, 1, 1]) == 2
+    assert minillm.timing.median([3, 1, 2]) == 2
+    assert minillm.timing.ratio([2, 2, 2], [1, 1, 1]) == 2

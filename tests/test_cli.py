@@ -143,3 +143,19 @@ def test_console_script_and_python_dash_m():
     p = subprocess.run(RUN + ["napkin", "--model", "nope"], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 2 and "unknown model" in p.stderr
+
+
+def test_every_model_command_shares_model_json_and_threads(run):
+    """One parent parser: --model/--json/--threads parse the same way on every command that
+    runs a model; napkin (a preset, not a model) shares --json."""
+    from minillm.cli import build_parser
+    p = build_parser()
+    for cmd in (["generate", "x"], ["eval", "ppl"], ["eval", "kv-variants"], ["bench", "decode"],
+                ["bench", "speculative"], ["bench", "batching"]):
+        a = p.parse_args(cmd + ["--model", "draft", "--json", "--threads", "2"])
+        assert (a.model, a.json, a.threads) == ("draft", True, 2), cmd
+    assert p.parse_args(["bench", "batching"]).threads is None      # cmd_bench_batching: 1
+    assert p.parse_args(["bench", "decode"]).threads is None
+    assert p.parse_args(["napkin", "--json"]).json is True
+    r = run("generate", "To be", "--threads", "0", "--model", "draft", ok=False)
+    assert "--threads must be >= 1" in r.stderr

@@ -109,3 +109,20 @@ def test_config_validation(kw, match):
 
 def test_llama_2_13b_preset_has_13b_params():
     assert 12.8e9 < PRESETS["llama-2-13b"].num_params() < 13.1e9
+
+
+def test_the_two_cache_protocols_are_declared_and_checked_per_class():
+    from minillm.kvcache import KVCache
+    from minillm.model import AttentionCache, KVStore, cache_is
+    from minillm.serving.attention_backend import PagedKVCache, RaggedPrefill
+    from minillm.serving.static_batching import PaddedKVCache
+    assert issubclass(KVCache, KVStore) and not issubclass(KVCache, AttentionCache)
+    assert issubclass(PagedKVCache, AttentionCache) and not issubclass(PagedKVCache, KVStore)
+    assert issubclass(RaggedPrefill, AttentionCache)
+    assert issubclass(PaddedKVCache, AttentionCache) and issubclass(PaddedKVCache, KVStore)
+
+    class UpdateOnly:                   # a student's cache without advance: never advanced
+        def update(self, layer, k, v, positions):
+            return k, v, positions
+    assert not cache_is(UpdateOnly(), KVStore) and not cache_is(UpdateOnly(), AttentionCache)
+    assert cache_is(RaggedPrefill([1]), AttentionCache)

@@ -13,10 +13,10 @@ from minillm.model import Transformer
 from minillm.sampling import SamplingParams
 from minillm.serving import BlockManager, Sequence
 from minillm.serving.attention_backend import PagedKVCache, context_slots
-from minillm.serving.bench import StepClock, replay
 from minillm.serving.engine import LLMEngine
 from minillm.serving.metrics import percentile, request_latencies, summarize, timeline
 from minillm.serving.model_runner import flatten_batch, last_rows
+from minillm.serving.replay import StepClock, replay
 from minillm.serving.static_batching import StaticBatchServer
 from minillm.serving.trace import lognormal_lengths, make_trace, poisson_arrivals, trace_summary
 
@@ -355,7 +355,7 @@ def test_step_records_count_the_tokens_each_step_ran(model):
 def test_the_bench_trace_is_served_whole_under_a_tight_kv_budget(ctx_model, one_thread):
     """`minillm bench batching`'s default trace (128 requests), 32 seats but KV room for about
     a third of them: the scheduler must preempt, and still lose nothing and leak nothing."""
-    from minillm.serving.bench import TRACE
+    from minillm.serving.replay import TRACE
     trace = make_trace(128, 200.0, 0, vocab_size=V, **TRACE)
     clock = StepClock()            # deterministic: overlap set by the trace, not the machine
     eng = LLMEngine(ctx_model, num_blocks=40, block_size=16, max_num_seqs=32, clock=clock)
@@ -369,3 +369,15 @@ def test_the_bench_trace_is_served_whole_under_a_tight_kv_budget(ctx_model, one_
     greedy = [generate_cached(ctx_model, [list(trace[i].prompt_ids)], trace[i].params())[0]
               for i in (0, 57, 127)]
     assert greedy == [seqs[i].output_ids for i in (0, 57, 127)]
+
+
+def test_the_scheduler_alone_changes_the_block_manager():
+    """nano-vllm's boundary: the engine reads the block manager but never allocates, appends,
+    forks or frees blocks, nor edits the scheduler's queues; the scheduler owns both."""
+    import inspect
+
+    import minillm.serving.engine as engine_module
+    src = inspect.getsource(engine_module)
+    for touch in ("bm.fork(", "bm.allocate(", "bm.free(", "bm.append_slot(", "BlockManager(",
+                  "scheduler.running", "scheduler.waiting"):
+        assert touch not in src, f"the engine calls {touch}"

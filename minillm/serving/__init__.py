@@ -12,7 +12,8 @@
 Files: sequence.py, block_manager.py, scheduler.py, attention_backend.py, model_runner.py,
 engine.py (the engine); static_batching.py (the baseline), trace.py (workloads), metrics.py,
 simulate.py (schedules without a model), fragmentation.py (KV waste of contiguous vs paged
-allocation, replayed on a trace), bench.py (`minillm bench batching`).
+allocation, replayed on a trace), replay.py (a trace through static and continuous
+batching: `minillm bench batching`).
 """
 from .block_manager import Block, BlockManager, block_hash
 from .engine import LLMEngine, StepRecord

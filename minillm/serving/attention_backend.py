@@ -126,6 +126,17 @@ def resolve_backend(backend: str, device) -> str:
 
 # ---- per-step metadata ------------------------------------------------------------------------
 @dataclass
+class DecodeMetadata:
+    """The decoding sequences of a step (one new token each), gathered for one batched decode."""
+    rows: torch.Tensor               # int64 [D]: their query rows in the flattened batch
+    block_tables: torch.Tensor       # int32 [D, max blocks]: their block tables
+    context_lens: torch.Tensor       # int32 [D]: their tokens after this step
+    slots: torch.Tensor | None       # int64 [sum of context_lens]: every cached slot, in order
+    seq_index: torch.Tensor | None   # int64 [sum of context_lens]: which sequence a slot is of
+    # slots / seq_index: only for the torch backend's ragged decode (one gather per layer)
+
+
+@dataclass
 class AttentionMetadata:
     """Where each scheduled sequence's tokens sit in the flattened batch and in the cache."""
     query_starts: list[int]          # first row of sequence i in the flattened batch
@@ -135,6 +146,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor       # int32 [num seqs, max blocks] (unused entries: 0)
     decode_seqs: list[int]           # sequences with one new token: batched paged decode
     prefill_seqs: list[int]          # the others: per-sequence causal attention
+    decode: DecodeMetadata | None = None     # the decode_seqs' rows, tables and lengths
 
     @classmethod
     def build(cls, query_lens, context_lens, slot_mapping, block_tables, block_size: int,
@@ -147,21 +159,22 @@ class AttentionMetadata:
         tables = torch.zeros(len(block_tables), width, dtype=torch.int32)
         for i, t in enumerate(block_tables):
             tables[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
-        meta = cls(starts, list(query_lens), list(context_lens),
-                   torch.tensor(slot_mapping, dtype=torch.int64, device=device),
-                   tables.to(device),
-                   [i for i, n in enumerate(query_lens) if n == 1],
-                   [i for i, n in enumerate(query_lens) if n > 1])
-        dec = meta.decode_seqs
-        meta._dec_rows = torch.tensor([starts[i] for i in dec], dtype=torch.long, device=device)
-        meta._dec_tables = meta.block_tables[dec] if dec else None
-        meta._dec_ctx = torch.tensor([context_lens[i] for i in dec], dtype=torch.int32,
-                                     device=device)
-        if ragged_decode and dec:          # the torch backend's one gather per layer
-            ctx = meta._dec_ctx.long()
-            meta._dec_slots = context_slots(meta._dec_tables, ctx, block_size)
-            meta._dec_seq = torch.repeat_interleave(torch.arange(len(dec), device=device), ctx)
-        return meta
+        tables = tables.to(device)
+        dec = [i for i, n in enumerate(query_lens) if n == 1]
+        decode = None
+        if dec:
+            ctx = torch.tensor([context_lens[i] for i in dec], dtype=torch.int32, device=device)
+            slots = seq_index = None
+            if ragged_decode:              # the torch backend's one gather per layer
+                lens = ctx.long()
+                slots = context_slots(tables[dec], lens, block_size)
+                seq_index = torch.repeat_interleave(torch.arange(len(dec), device=device), lens)
+            decode = DecodeMetadata(
+                rows=torch.tensor([starts[i] for i in dec], dtype=torch.long, device=device),
+                block_tables=tables[dec], context_lens=ctx, slots=slots, seq_index=seq_index)
+        return cls(starts, list(query_lens), list(context_lens),
+                   torch.tensor(slot_mapping, dtype=torch.int64, device=device), tables,
+                   dec, [i for i, n in enumerate(query_lens) if n > 1], decode)
 
 
 # ---- the cache the model calls ----------------------------------------------------------------
@@ -216,13 +229,14 @@ class PagedKVCache:
         kc, vc = self.k[layer], self.v[layer]
         self._write_kv(k.contiguous(), v.contiguous(), kc, vc, m.slot_mapping)
         out = torch.empty_like(q)
-        if m.decode_seqs:
-            qd = q[m._dec_rows]
+        d = m.decode
+        if d is not None:
+            qd = q[d.rows]
             if self._decode is None:
-                od = decode_torch(qd, kc, vc, m._dec_slots, m._dec_seq)
+                od = decode_torch(qd, kc, vc, d.slots, d.seq_index)
             else:
-                od = self._decode(qd.contiguous(), kc, vc, m._dec_tables, m._dec_ctx)
-            out[m._dec_rows] = od
+                od = self._decode(qd.contiguous(), kc, vc, d.block_tables, d.context_lens)
+            out[d.rows] = od
         for i in m.prefill_seqs:
             a, n = m.query_starts[i], m.query_lens[i]
             out[a:a + n] = prefill_torch(q[a:a + n], k[a:a + n], v[a:a + n], kc, vc,

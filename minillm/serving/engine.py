@@ -30,10 +30,9 @@ import torch
 from kernels.intmath import cdiv
 
 from ..sampling import SamplingParams
-from .block_manager import BlockManager
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
-from .sequence import Sequence, SequenceStatus, check_request
+from .sequence import Sequence, check_request
 
 
 @dataclass
@@ -55,9 +54,10 @@ class LLMEngine:
             num_blocks = max_num_seqs * cdiv(ctx, block_size)
         self.model = model
         self.max_seq_len = ctx
-        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.bm, max_num_seqs, max_num_batched_tokens or max(2048, ctx))
-        self.runner = ModelRunner(model, self.bm, backend)
+        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs,
+                                   max_num_batched_tokens or max(2048, ctx),
+                                   enable_prefix_caching)
+        self.runner = ModelRunner(model, self.scheduler.block_manager, backend)
         self.clock = clock or time.perf_counter
         self.device = self.runner.device
         self.sequences: dict[int, list[Sequence]] = {}     # request id -> its sequence(s)
@@ -98,6 +98,11 @@ class LLMEngine:
         self.scheduler.add(parent)
         return rid
 
+    @property
+    def bm(self):
+        """The scheduler's KV block manager (read it; the scheduler alone changes it)."""
+        return self.scheduler.block_manager
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -115,11 +120,7 @@ class LLMEngine:
         seqs, rows = list(batch.seqs), list(range(len(batch.seqs)))
         for i, s in enumerate(batch.seqs):            # parallel sampling: fork after prefill
             for kid in self._pending_forks.pop(s.seq_id, ()):
-                kid.token_ids = list(s.token_ids)
-                self.bm.fork(s, kid)                    # shares every block, ref counts + 1
-                kid.status = SequenceStatus.RUNNING
-                kid.first_scheduled_time = s.first_scheduled_time
-                self.scheduler.running.append(kid)
+                self.scheduler.fork(s, kid)             # shares every block, ref counts + 1
                 seqs.append(kid)
                 rows.append(i)                          # samples from the parent's logits
                 new_tokens.append(0)

@@ -37,12 +37,15 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int = 16,
-                 max_num_batched_tokens: int = 2048):
+    """Owns the waiting queue, the running batch and the KV block manager: every allocation,
+    append, fork and free of KV blocks goes through it (the engine only reads the manager)."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16, max_num_seqs: int = 16,
+                 max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, got "
                              f"{max_num_seqs}, {max_num_batched_tokens}")
-        self.bm = block_manager
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in order of admission (oldest first)
@@ -56,7 +59,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _preempt(self, seq: Sequence) -> None:
-        self.bm.free(seq)
+        self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -67,14 +70,14 @@ class Scheduler:
         i = 0
         while i < len(self.running):
             seq = self.running[i]
-            while not self.bm.can_append(seq):
+            while not self.block_manager.can_append(seq):
                 victim = self.running.pop()                  # the most recently admitted
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is seq:
                     break
             else:
-                batch.copies += self.bm.append_slot(seq)
+                batch.copies += self.block_manager.append_slot(seq)
                 batch.seqs.append(seq)
                 i += 1
         for seq in batch.preempted:          # back to the front of the queue, oldest first
@@ -85,9 +88,9 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_tokens > budget and batch.seqs:
                 break
-            if not self.bm.can_allocate(seq):
+            if not self.block_manager.can_allocate(seq):
                 break
-            self.bm.allocate(seq)
+            self.block_manager.allocate(seq)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
@@ -98,8 +101,17 @@ class Scheduler:
             budget -= seq.num_uncached_tokens
         return batch
 
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Parallel sampling: `child` joins the running batch at once, sharing every KV block of
+        `parent` (reference counts + 1; copy-on-write on the first diverging append)."""
+        child.token_ids = list(parent.token_ids)
+        self.block_manager.fork(parent, child)
+        child.status = SequenceStatus.RUNNING
+        child.first_scheduled_time = parent.first_scheduled_time
+        self.running.append(child)
+
     def finish(self, seq: Sequence) -> None:
         """A sequence is done: it leaves the batch and its blocks are freed."""
         self.running.remove(seq)
-        self.bm.free(seq)
+        self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED

@@ -10,7 +10,7 @@ Variants: `naive` (lab 00's loop, the whole prefix every step), `cached_loop` (l
 random prompt; the report says whether their tokens agree. Hugging Face runs our checkpoint written in its Llama layout and loaded with
 `AutoModelForCausalLM.from_pretrained` (transformers is only a comparison here, never a dependency
 of generation). Speeds are medians over `repeats` interleaved rounds after one warm-up round;
-ratios are of those medians (see minillm.bench).
+ratios are of those medians (see minillm.timing).
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import tempfile
 
 import torch
 
-from .bench import median, time_interleaved
 from .fast_decode import PackedDecoder, generate_packed
 from .generate import generate_cached, generate_naive
 from .kvcache import KVCache
 from .sampling import SamplingParams
+from .timing import median, time_interleaved
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
