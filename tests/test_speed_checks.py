@@ -51,8 +51,10 @@ def verdicts(check) -> list[tuple[str, bool]]:
 def test_the_competing_load_really_competes():
     psutil = pytest.importorskip("psutil")
     with competing_cpu_load() as proc:
-        time.sleep(0.3)
-        assert psutil.Process(proc.pid).cpu_times().user > 0.1
+        spinner, deadline = psutil.Process(proc.pid), time.monotonic() + 10
+        while spinner.cpu_times().user <= 0.1 and time.monotonic() < deadline:
+            time.sleep(0.1)             # a loaded machine may give it the core only now and then
+        assert spinner.cpu_times().user > 0.1
     assert proc.poll() is not None              # killed
 
 
