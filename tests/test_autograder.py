@@ -193,7 +193,7 @@ def test_time_ratio_calls_sync_after_each_run():
 def test_time_interleaved_keeps_dict_order():
     calls = []
     times = minillm.timing.time_interleaved({k: (lambda k=k: calls.append(k)) for k in "xyz"},
-                                           warmup=1, repeats=3)
+                                            warmup=1, repeats=3)
     assert calls == list("xyz") * 4
     assert set(times) == set("xyz") and all(len(v) == 3 for v in times.values())
 

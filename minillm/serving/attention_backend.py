@@ -163,15 +163,16 @@ class AttentionMetadata:
         dec = [i for i, n in enumerate(query_lens) if n == 1]
         decode = None
         if dec:
+            dec_tables = tables[dec]
             ctx = torch.tensor([context_lens[i] for i in dec], dtype=torch.int32, device=device)
             slots = seq_index = None
             if ragged_decode:              # the torch backend's one gather per layer
                 lens = ctx.long()
-                slots = context_slots(tables[dec], lens, block_size)
+                slots = context_slots(dec_tables, lens, block_size)
                 seq_index = torch.repeat_interleave(torch.arange(len(dec), device=device), lens)
             decode = DecodeMetadata(
                 rows=torch.tensor([starts[i] for i in dec], dtype=torch.long, device=device),
-                block_tables=tables[dec], context_lens=ctx, slots=slots, seq_index=seq_index)
+                block_tables=dec_tables, context_lens=ctx, slots=slots, seq_index=seq_index)
         return cls(starts, list(query_lens), list(context_lens),
                    torch.tensor(slot_mapping, dtype=torch.int64, device=device), tables,
                    dec, [i for i, n in enumerate(query_lens) if n > 1], decode)
