@@ -244,25 +244,36 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, n_tokens: int) ->
 def _partial_attention(q, k_cache, v_cache, block_tables, context_lens, scale, t0: int, t1: int):
     """Attention of each query over positions [t0, t1) of its sequence, in float32.
     Returns (out [B, N, H] normalized over that range, lse [B, N] = log sum exp of the scaled
-    scores; -inf and out = 0 where the range holds none of the sequence's tokens)."""
+    scores; -inf and out = 0 where the range holds none of the sequence's tokens).
+
+    Every sequence is padded to the range's L = t1 - t0 positions. The cache is read with ONE
+    index_select of whole [K, H] rows per position (contiguous copies); the padding positions
+    read the sequence's own first slot, so unused table entries (-1, stale ids) and whatever
+    their blocks hold (garbage, NaN) are never touched, and the mask then zeroes their weight.
+    The scores and the weighted sum are one batched matmul per KV head: the gathered rows are
+    [B, L, K, H], and slicing one head gives matrices with a row stride of K * H, which matmul
+    reads in place (an einsum over all heads would first copy the cache into [B, K, L, H])."""
     B, N, H = q.shape
-    K = k_cache.shape[2]
-    G = N // K
-    k = gather_kv(k_cache, block_tables, t1)[:, t0:].float()                   # [B, L, K, H]
-    v = gather_kv(v_cache, block_tables, t1)[:, t0:].float()
+    block_size, K = k_cache.shape[1], k_cache.shape[2]
+    G, L = N // K, t1 - t0
     pos = torch.arange(t0, t1, device=q.device)
     valid = pos[None, :] < context_lens[:, None].long()                       # [B, L]
-    # masked positions may come from unused blocks full of garbage: zero them, so that even
-    # NaN or inf there cannot reach the output through 0 * NaN
-    k = torch.where(valid[:, :, None, None], k, 0.0)
-    v = torch.where(valid[:, :, None, None], v, 0.0)
-    qg = q.float().reshape(B, K, G, H)                             # head n -> (n // G, n % G)
-    s = torch.einsum("bkgh,blkh->bkgl", qg, k) * scale                         # [B, K, G, L]
-    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)                                           # [B, K, G]
-    p = torch.exp(s - lse[..., None].clamp(min=-1e30))                         # empty range: p = 0
-    out = torch.einsum("bkgl,blkh->bkgh", p, v)
-    return out.reshape(B, N, H), lse.reshape(B, N)
+    slots = block_tables[:, pos // block_size].long() * block_size + pos % block_size
+    first = block_tables[:, :1].long() * block_size                           # position 0's slot
+    slots = torch.where(valid, slots, first).reshape(-1)
+    k = k_cache.view(-1, K, H).index_select(0, slots).view(B, L, K, H).float()
+    v = v_cache.view(-1, K, H).index_select(0, slots).view(B, L, K, H).float()
+    qg = q.float().view(B, K, G, H)                                # head n -> (n // G, n % G)
+    padding = ~valid[:, None, :]                                              # [B, 1, L]
+    outs, lses = [], []
+    for h in range(K):
+        s = torch.matmul(qg[:, h], k[:, :, h].transpose(1, 2)) * scale       # [B, G, L]
+        s = s.masked_fill(padding, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)                                      # [B, G]
+        p = torch.exp(s - lse[..., None].clamp(min=-1e30))             # empty range: p = 0
+        outs.append(torch.matmul(p, v[:, :, h]))                             # [B, G, H]
+        lses.append(lse)
+    return torch.stack(outs, dim=1).view(B, N, H), torch.stack(lses, dim=1).view(B, N)
 
 
 def merge_splits(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from minillm.generate import generate_cached
 from minillm.model import Transformer
 from minillm.sampling import SamplingParams
 from minillm.serving import BlockManager, Sequence
-from minillm.serving.attention_backend import PagedKVCache, context_slots
+from minillm.serving.attention_backend import PagedKVCache
 from minillm.serving.engine import LLMEngine
 from minillm.serving.metrics import percentile, request_latencies, summarize, timeline
 from minillm.serving.model_runner import flatten_batch, last_rows
@@ -133,11 +133,12 @@ def test_parallel_sampling_forks_and_copies_on_write(model):
     assert eng.bm.num_free_blocks == eng.bm.num_blocks
 
 
-@pytest.mark.parametrize("backend", ["torch", "reference", "triton", "triton-split"])
+@pytest.mark.parametrize("backend", ["torch", "triton", "triton-split"])
 def test_attention_backends_agree(model, backend):
-    """The decode half through each backend: torch (CPU default), the kernels' torch reference,
-    and the Triton kernels (CPU interpreter here, set by conftest; compiled, with the model and
-    its paged cache on the GPU, where there is one). The reference always runs on the CPU."""
+    """The slot writes and the decode half through each backend: torch (the kernels' plain-torch
+    reference, the CPU default) and the Triton kernels (CPU interpreter here, set by conftest;
+    compiled, with the model and its paged cache on the GPU, where there is one). The reference
+    engine always runs on the CPU."""
     on_gpu = backend.startswith("triton") and torch.cuda.is_available()
     if backend.startswith("triton"):
         pytest.importorskip("triton")
@@ -147,12 +148,6 @@ def test_attention_backends_agree(model, backend):
     eng = LLMEngine(served, block_size=4, max_num_seqs=3, backend=backend)
     assert eng.device.type == ("cuda" if on_gpu else "cpu")
     assert eng.generate(ps, params) == reference(model, ps, params)
-
-
-def test_context_slots_follow_the_block_tables():
-    tables = torch.tensor([[3, 1, 0], [2, 0, 0]], dtype=torch.int32)
-    slots = context_slots(tables, torch.tensor([6, 2]), 4)
-    assert slots.tolist() == [12, 13, 14, 15, 4, 5, 8, 9]
 
 
 def test_paged_cache_refuses_models_it_cannot_store():

@@ -111,3 +111,27 @@ def test_the_measuring_command_reports_both_candidates():
     bad = subprocess.run([sys.executable, "-m", "autograder.labs", "lab99"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "no speed check for ['lab99']" in bad.stderr
+
+
+@pytest.mark.parametrize("lab", [lab for lab, c in sorted(CHECKS.items()) if c.solution])
+def test_the_notebooks_own_solution_passes_guarded(lab):
+    """The source notebook's answer (SpeedCheck.solution, run from its cells) passes the check
+    as a submission does: guarded, and under a competing load too."""
+    from autograder.labs.solutions import notebook_solution
+    check = CHECKS[lab]
+    solution = notebook_solution(check, lab)
+    results = verdicts(lambda: check.passes(solution, guarded=True))
+    assert all(v is True for _, v in results), f"{lab}: verdicts {results}"
+
+
+def test_a_missing_solution_cell_is_named():
+    from dataclasses import replace
+
+    from autograder.labs.solutions import lab_notebook, notebook_solution
+    check = replace(CHECKS["lab07"], solution=("paged_decode_torch", "07_no_such_cell"))
+    with pytest.raises(ValueError, match="no code cell with grade id \\['07_no_such_cell'\\]"):
+        notebook_solution(check, "lab07")
+    with pytest.raises(ValueError, match="names no notebook solution"):
+        notebook_solution(replace(check, solution=()), "lab07")
+    with pytest.raises(FileNotFoundError, match="no single source notebook for lab99"):
+        lab_notebook("lab99")

@@ -3,7 +3,9 @@
 For each lab (or the ones named, e.g. lab03), runs the check's measure N times on its reference
 and N times on its counter-example (unguarded, on one torch thread, as the graded cell does),
 the last K runs of each with a busy loop spinning on one core, and prints the ratios' range and
-median next to the threshold. The ranges in autograder/README.md come from this command.
+median next to the threshold. With --solution it also measures the source notebook's own
+answer where the check names one (SpeedCheck.solution), guarded as a submission is. The ranges
+in autograder/README.md come from this command.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import sys
 import time
 
 from autograder.labs import speed_checks
+from autograder.labs.solutions import notebook_solution
 
 
 @contextlib.contextmanager
@@ -29,12 +32,16 @@ def busy_core():
         proc.wait()
 
 
-def measure(check, candidate, runs: int, loaded: int) -> list[float]:
+def measure(check, candidate, runs: int, loaded: int, guarded: bool = False) -> list[float]:
     ratios = []
     for i in range(runs):
         with busy_core() if i >= runs - loaded else contextlib.nullcontext():
-            ratios.append(check.ratio(candidate, *check.fixture(), guarded=False).ratio)
+            ratios.append(check.ratio(candidate, *check.fixture(), guarded=guarded).ratio)
     return ratios
+
+
+def _range(r: list[float]) -> str:
+    return f"{min(r):.2f}-{max(r):.2f} (median {statistics.median(r):.2f})"
 
 
 def main(argv=None) -> int:
@@ -44,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--loaded", type=int, default=4,
                     help="of which the last K run beside a busy loop (default 4)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--solution", action="store_true",
+                    help="also measure the source notebook's solution (guarded)")
     args = ap.parse_args(argv)
     checks = speed_checks()
     unknown = [lab for lab in args.labs if lab not in checks]
@@ -53,16 +62,20 @@ def main(argv=None) -> int:
     for lab in args.labs or sorted(checks):
         check = checks[lab]
         row = {"grade_id": check.grade_id, "threshold": check.threshold}
-        for which in ("reference", "counter_example"):
-            r = measure(check, getattr(check, which), args.runs, args.loaded)
+        candidates = {"reference": (check.reference, False),
+                      "counter_example": (check.counter_example, False)}
+        if args.solution and check.solution:
+            candidates["solution"] = (notebook_solution(check, lab), True)
+        ranges = {}
+        for which, (fn, guarded) in candidates.items():
+            r = measure(check, fn, args.runs, args.loaded, guarded)
             row[which] = {"min": min(r), "median": statistics.median(r), "max": max(r)}
+            ranges[which] = _range(r)
         rows[lab] = row
         if not args.json:
-            ref, bad = row["reference"], row["counter_example"]
-            print(f"{lab} {check.grade_id:24s} threshold {check.threshold:<4g} reference "
-                  f"{ref['min']:.2f}-{ref['max']:.2f} (median {ref['median']:.2f})  "
-                  f"counter-example {bad['min']:.2f}-{bad['max']:.2f} "
-                  f"(median {bad['median']:.2f})", flush=True)
+            print(f"{lab} {check.grade_id:24s} threshold {check.threshold:<4g} " + "  ".join(
+                f"{which.replace('_', '-')} {text}" for which, text in ranges.items()),
+                flush=True)
     if args.json:
         print(json.dumps({"runs": args.runs, "loaded": args.loaded, "checks": rows}, indent=1))
     return 0

@@ -13,14 +13,17 @@ four ragged sequences (CASE: 2100-3072 tokens, 8 query / 2 KV heads of 32, block
   needs at least two calls per token and cannot pass;
 * timed (`check_paged_decode_speed`, hidden): median time of the course's torch reference,
   `kernels.paged_attention_ref.paged_attention_decode_ref` (it pads every sequence to the
-  longest context and checks its inputs), over the median time of the student's function,
+  longest context, gathers them all with one index_select and checks its inputs; the serving
+  engine's torch backend calls it too), over the median time of the student's function,
   measured interleaved on one torch thread, must reach THRESHOLD. The output must match that
-  reference first (a fast wrong answer earns nothing); the reference and the serving engine's
-  and the kernels' decodes are disabled while the student's function runs.
+  reference first (a fast wrong answer earns nothing); the reference (hence the serving
+  engine's torch decode) and the Triton kernels are disabled while the student's function
+  runs.
 
-Why THRESHOLD sits where it does: a per-sequence gather (the notebook's solution) is faster than
-the padded reference, a per-token loop is several times slower; the threshold sits between them
-with a wide margin on both sides on a loaded 2-core machine (ranges: autograder/README.md).
+Why THRESHOLD sits where it does: a per-sequence gather (the notebook's solution) or a loop over
+blocks is about as fast as the reference, a per-token loop some fifteen times slower; the
+threshold sits at about the geometric middle, with a margin of three or more on both sides on a
+loaded 2-core machine (ranges: autograder/README.md).
 
     from autograder.labs import lab07
     lab07.count_torch_calls(paged_decode_torch)           # (calls, context tokens)
@@ -40,7 +43,7 @@ from kernels.paged_attention_ref import paged_attention_decode_ref
 
 # (context lengths, query heads N, KV heads K, head dim H, block size): ragged, GQA groups of 4
 CASE = ([3000, 2100, 2700, 3072], 8, 2, 32, 16)
-THRESHOLD = 0.5     # required time(paged_attention_decode_ref) / time(student)
+THRESHOLD = 0.25    # required time(paged_attention_decode_ref) / time(student)
 WARMUP, REPEATS = 1, 7
 
 # captured at import (the grader imports autograder before student code runs)
@@ -140,11 +143,11 @@ SPEED_CHECK = SpeedCheck(
     grade_id="07_speed_test", threshold=THRESHOLD, measure=paged_decode_speed,
     reference=paged_attention_decode_ref, counter_example=per_token_decode,
     disabled=("kernels.paged_attention_ref.paged_attention_decode_ref",
-              "minillm.serving.attention_backend.decode_torch",
               "kernels.paged_attention.paged_attention_decode",
               "kernels.paged_attention.paged_attention_decode_split"),
+    solution=("paged_decode_torch", "07_slot_mapping", "07_paged_attention"),
     hint="your paged decode took {candidate_ms:.3g} ms for 4 sequences of 2100-3072 tokens, "
-         "{ratio:.2f}x the speed of the course's padded torch reference ({baseline_ms:.3g} ms, "
+         "{ratio:.2f}x the speed of the course's torch reference ({baseline_ms:.3g} ms, "
          "median of {runs} interleaved runs); it must reach {at_least:g}x. Gather each "
          "sequence's K/V with one indexing operation on all its slots, not a Python loop over "
          "positions.")

@@ -18,7 +18,11 @@ the inputs and time the student's candidate against a baseline) and one record:
 * `counter_example` is the usual way to get the claim wrong (a loop, padding, no cache...); it
   must fail every time, also under a competing load;
 * `hint` is the message of a failed check: a format string with the measured `ratio`,
-  `at_least`, `baseline_ms`, `candidate_ms`, `runs` and the workload's own values.
+  `at_least`, `baseline_ms`, `candidate_ms`, `runs` and the workload's own values;
+* `solution` names the notebook's own answer, for the instructor's measurements only: the
+  function's name and the grade ids of the solution cells that define it (and what it calls).
+  `python -m autograder.labs --solution` runs those cells from the source notebook
+  (autograder/labs/solutions.py); the course keeps no copy of a solution in this package.
 
 The measurement runs on one torch thread (`one_torch_thread`): a parallel region whose other
 thread a busy neighbour preempts adds noise, and no claim needs parallelism. Why each threshold
@@ -65,6 +69,7 @@ class SpeedCheck:
     disabled: tuple[str, ...] = ()      # references the candidate may not call
     workload: dict = field(default_factory=dict)     # the measure's keyword defaults
     fixture: Callable[[], tuple] = tuple  # extra positional args for the registry's runs
+    solution: tuple[str, ...] = ()      # (function name, solution cell grade ids...)
 
     def ratio(self, candidate, *args, guarded: bool = True, **workload) -> RatioResult:
         """Measure `candidate` (guarded unless told otherwise); returns the RatioResult."""

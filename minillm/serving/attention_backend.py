@@ -18,10 +18,11 @@ filled by one sequence in the same step another one reads it.
 Storage, per layer: k[layer], v[layer] of shape [num_blocks, block_size, n_kv_heads, head_dim];
 slot s is row s % block_size of block s // block_size (the layout of kernels/paged_attention*.py).
 
-Backends (`backend=`) for the decode half: "torch" (ragged gather + segment softmax, the CPU
-default), "reference" (kernels/paged_attention_ref.py, the kernels' plain-torch spec), "triton"
-(kernels/paged_attention.py, the default on CUDA) and "triton-split" (its flash-decoding
-variant). Prefills always use the torch path (gather + scaled_dot_product_attention).
+Backends (`backend=`) for the slot writes and the decode half: "torch" (the kernels' plain-torch
+reference, kernels/paged_attention_ref.py: the CPU default), "triton" (kernels/paged_attention.py,
+the default on CUDA) and "triton-split" (its flash-decoding variant). There is one torch paged
+decode, the reference; the engine calls it rather than keeping a second one. Prefills always
+use the torch path here (gather + scaled_dot_product_attention).
 """
 from __future__ import annotations
 
@@ -30,53 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.paged_attention_ref import gather_kv, write_kv_ref
+from kernels.paged_attention_ref import gather_kv
 
 from ..model import sdpa
 
-BACKENDS = ("auto", "torch", "reference", "triton", "triton-split")
+BACKENDS = ("auto", "torch", "triton", "triton-split")
 
 
-# ---- the torch backend ------------------------------------------------------------------------
-def context_slots(block_tables, context_lens, block_size: int) -> torch.Tensor:
-    """Every cached slot of every sequence, concatenated: positions 0..context_lens[b]-1 of
-    sequence b through its table -> int64 [sum(context_lens)] (ragged: no padding)."""
-    width = block_tables.shape[1] * block_size
-    slots = (block_tables.long()[:, :, None] * block_size
-             + torch.arange(block_size, device=block_tables.device)).reshape(-1, width)
-    valid = torch.arange(width, device=block_tables.device)[None, :] < context_lens[:, None]
-    return slots[valid]
-
-
-def decode_torch(q, k_cache, v_cache, ctx_slots, ctx_seq, scale: float | None = None):
-    """One query per sequence (q [B, N, H]) over its own cached tokens -> [B, N, H].
-
-    Ragged, with no padding to the longest context: the keys/values of ALL sequences are
-    gathered in one index_select (ctx_slots, sum of context lengths rows), ctx_seq[j] says
-    which sequence row j belongs to, and the softmax runs per segment:
-
-        s_j = q[seq_j] . k_j * scale      m_b = max_{j in b} s_j      (scatter max)
-        out_b = sum_{j in b} e^{s_j - m_b} v_j  /  sum_{j in b} e^{s_j - m_b}   (index_add)
-
-    With n_kv_heads K < N, query head n reads KV head n // (N // K)."""
-    B, N, H = q.shape
-    K = k_cache.shape[2]
-    scale = H ** -0.5 if scale is None else scale
-    k = k_cache.view(-1, K, H).index_select(0, ctx_slots)           # [S, K, H]
-    v = v_cache.view(-1, K, H).index_select(0, ctx_slots)
-    S, G = k.shape[0], N // K
-    qs = q.index_select(0, ctx_seq).view(S, K, G, H)                 # head n = (n // G, n % G)
-    scores = (qs * k[:, :, None]).sum(-1).float().view(S, N) * scale  # [S, N]
-    idx = ctx_seq[:, None].expand_as(scores)
-    m = torch.full((B, N), float("-inf"), device=q.device).scatter_reduce(
-        0, idx, scores, "amax")
-    e = torch.exp(scores - m.index_select(0, ctx_seq))
-    den = torch.zeros(B, N, device=q.device).index_add_(0, ctx_seq, e)
-    ev = (e.view(S, K, G, 1) * v[:, :, None].float()).view(S, N, H)
-    num = torch.zeros(B, N, H, device=q.device).index_add_(0, ctx_seq, ev)
-    return (num / den[..., None]).to(q.dtype)
-
-
+# ---- prefills (decodes go through the kernels' functions: _kernels) ---------------------------
 def prefill_torch(q, k_new, v_new, k_cache, v_cache, block_table, context_len: int):
     """The T new tokens of one sequence (q [T, N, H]) attend causally to its context_len tokens:
     a cached prefix (read through block_table) followed by the new ones -> [T, N, H]."""
@@ -95,12 +57,11 @@ def prefill_torch(q, k_new, v_new, k_cache, v_cache, block_table, context_len: i
 
 
 def _kernels(backend: str, device):
-    """(write_kv, paged_attention_decode) of the chosen backend. On a GPU the kernels skip the
-    checks that read tensor values (a sync each): the runner builds the metadata itself."""
+    """(write_kv, paged_attention_decode) of the chosen backend: the kernels' plain-torch
+    reference ("torch") or the Triton kernels. On a GPU they skip the checks that read tensor
+    values (a sync each): the runner builds the metadata itself."""
     import functools
-    if backend == "torch":          # the slot writes are the kernels' reference (one definition)
-        return functools.partial(write_kv_ref, validate=False), None
-    if backend == "reference":
+    if backend == "torch":
         from kernels import paged_attention_ref as mod
     else:
         from kernels import paged_attention as mod
@@ -119,8 +80,8 @@ def resolve_backend(backend: str, device) -> str:
         return "triton" if on_cuda else "torch"
     if backend.startswith("triton") and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"the {backend} backend needs the KV cache on a CUDA device (or Triton's "
-                         f"CPU interpreter, TRITON_INTERPRET=1, for tests); use backend='torch' "
-                         f"or 'reference' on the CPU")
+                         f"CPU interpreter, TRITON_INTERPRET=1, for tests); use backend='torch' on the "
+                         f"CPU")
     return backend
 
 
@@ -131,9 +92,6 @@ class DecodeMetadata:
     rows: torch.Tensor               # int64 [D]: their query rows in the flattened batch
     block_tables: torch.Tensor       # int32 [D, max blocks]: their block tables
     context_lens: torch.Tensor       # int32 [D]: their tokens after this step
-    slots: torch.Tensor | None       # int64 [sum of context_lens]: every cached slot, in order
-    seq_index: torch.Tensor | None   # int64 [sum of context_lens]: which sequence a slot is of
-    # slots / seq_index: only for the torch backend's ragged decode (one gather per layer)
 
 
 @dataclass
@@ -149,8 +107,7 @@ class AttentionMetadata:
     decode: DecodeMetadata | None = None     # the decode_seqs' rows, tables and lengths
 
     @classmethod
-    def build(cls, query_lens, context_lens, slot_mapping, block_tables, block_size: int,
-              device="cpu", ragged_decode: bool = True):
+    def build(cls, query_lens, context_lens, slot_mapping, block_tables, device="cpu"):
         starts, acc = [], 0
         for n in query_lens:
             starts.append(acc)
@@ -163,16 +120,11 @@ class AttentionMetadata:
         dec = [i for i, n in enumerate(query_lens) if n == 1]
         decode = None
         if dec:
-            dec_tables = tables[dec]
-            ctx = torch.tensor([context_lens[i] for i in dec], dtype=torch.int32, device=device)
-            slots = seq_index = None
-            if ragged_decode:              # the torch backend's one gather per layer
-                lens = ctx.long()
-                slots = context_slots(dec_tables, lens, block_size)
-                seq_index = torch.repeat_interleave(torch.arange(len(dec), device=device), lens)
             decode = DecodeMetadata(
                 rows=torch.tensor([starts[i] for i in dec], dtype=torch.long, device=device),
-                block_tables=dec_tables, context_lens=ctx, slots=slots, seq_index=seq_index)
+                block_tables=tables[dec],
+                context_lens=torch.tensor([context_lens[i] for i in dec], dtype=torch.int32,
+                                          device=device))
         return cls(starts, list(query_lens), list(context_lens),
                    torch.tensor(slot_mapping, dtype=torch.int64, device=device), tables,
                    dec, [i for i, n in enumerate(query_lens) if n > 1], decode)
@@ -232,12 +184,8 @@ class PagedKVCache:
         out = torch.empty_like(q)
         d = m.decode
         if d is not None:
-            qd = q[d.rows]
-            if self._decode is None:
-                od = decode_torch(qd, kc, vc, d.slots, d.seq_index)
-            else:
-                od = self._decode(qd.contiguous(), kc, vc, d.block_tables, d.context_lens)
-            out[d.rows] = od
+            out[d.rows] = self._decode(q[d.rows].contiguous(), kc, vc, d.block_tables,
+                                       d.context_lens)
         for i in m.prefill_seqs:
             a, n = m.query_starts[i], m.query_lens[i]
             out[a:a + n] = prefill_torch(q[a:a + n], k[a:a + n], v[a:a + n], kc, vc,

@@ -68,7 +68,7 @@ class ModelRunner:
                  for slot in self.bm.slot_mapping(s, range(s.num_cached_tokens, s.num_tokens))]
         self.kv.meta = AttentionMetadata.build(
             lens, [s.num_tokens for s in seqs], slots, [self.bm.block_table(s) for s in seqs],
-            self.bm.block_size, self.device, ragged_decode=self.kv.backend == "torch")
+            self.device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         try:
