@@ -7,7 +7,8 @@
     minillm napkin --model llama-2-13b --gpu h100 --batch B --seq-len S [--kv-heads K]
                    [--bytes-per-param P] --json
     minillm bench decode [--model NAME|PATH] [--prompt-len P --new-tokens N --batch B]
-                         [--vs-hf] [--compile] [--no-naive] [--dtype float32|bfloat16] --json
+                         [--vs-hf] [--compile] [--no-naive] [--no-fused-step]
+                         [--dtype float32,bfloat16] --json
     minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] --json
     minillm bench batching [--requests N --rate R --seed S --max-batch B] --json
     minillm train ...            (same as python -m minillm.train)
@@ -113,12 +114,26 @@ def cmd_bench_decode(a) -> int:
     import minillm
 
     from .decode_speed import DTYPES, bench_decode
-    model = minillm.load(a.model).to(DTYPES[a.dtype])
-    r = bench_decode(model, prompt_len=a.prompt_len, new_tokens=a.new_tokens, batch=a.batch,
-                     naive=not a.no_naive, vs_hf=a.vs_hf, compile=a.compile, repeats=a.repeats,
-                     seed=a.seed, threads=a.threads)
-    return _report(a, {"model": a.model, **r}, lambda r: "\n".join(
-        f"{k:>24}: {v:.2f}" if isinstance(v, float) else f"{k:>24}: {v}" for k, v in r.items()))
+    dtypes = a.dtype.split(",")
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes:
+        raise ValueError(f"--dtype takes a comma-separated list of {', '.join(DTYPES)}; got "
+                         f"{a.dtype!r}")
+    formats = {}
+    for name in dtypes:                      # one format after the other, each interleaved
+        model = minillm.load(a.model).to(DTYPES[name])
+        formats[name] = bench_decode(
+            model, prompt_len=a.prompt_len, new_tokens=a.new_tokens, batch=a.batch,
+            naive=not a.no_naive, vs_hf=a.vs_hf, compile=a.compile,
+            fused_step=not a.no_fused_step, repeats=a.repeats, seed=a.seed,
+            threads=a.threads)
+
+    def text(r):
+        return "\n".join([f"model: {r['model']}"] + [
+            f"{name}:\n" + "\n".join(f"{k:>32}: {v:.3f}" if isinstance(v, float)
+                                      else f"{k:>32}: {v}" for k, v in f.items())
+            for name, f in r["formats"].items()])
+    return _report(a, {"model": a.model, "formats": formats}, text)
 
 
 def cmd_bench_speculative(a) -> int:
@@ -135,8 +150,10 @@ def cmd_bench_speculative(a) -> int:
          **bench_speculative(target, draft, prompt, ks, a.new_tokens, a.repeats,
                              lookup_prompt=repetitive_prompt(tok), lookup_k=a.lookup_k)}
     return _report(a, r, lambda r: "\n".join(
-        [f"target alone: {r['target_tok_s']:.1f} tok/s; draft/target step cost c = "
-         f"{r['c']:.3f}"] +
+        [f"target alone: {r['target_tok_s']:.1f} tok/s (its step at "
+         f"{r['target_step_bandwidth_fraction']:.2f} of the {r['limit_tok_s']:.0f} tok/s "
+         f"bandwidth limit; the best k at {r['speculative_vs_limit']:.2f} of it); draft/target "
+         f"step cost c = {r['c']:.3f}"] +
         [f"{row['drafter']:>13} k={row['k']}: alpha {row['alpha']:.2f}, "
          f"{row['tokens_per_step']:.2f} tokens/step (formula "
          f"{row['predicted_tokens_per_step']:.2f}), speed-up {row['speedup']:.2f}x, "
@@ -214,7 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--batch", type=int, default=1)
     bd.add_argument("--repeats", type=int, default=3)
     bd.add_argument("--seed", type=int, default=0)
-    bd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    bd.add_argument("--dtype", default="float32,bfloat16",
+                    help="weight formats to time, comma-separated (float32, bfloat16)")
+    bd.add_argument("--no-fused-step", action="store_true",
+                    help="skip the fused batch-1 step (minillm.compiled_decode: torch.compile "
+                         "takes 10-40 s the first time)")
     bd.add_argument("--vs-hf", action="store_true", help="also time Hugging Face generate")
     bd.add_argument("--compile", action="store_true",
                     help="also time the cached loop under torch.compile (compiles for ~1 min)")

@@ -5,8 +5,16 @@ Hugging Face `generate` on the same weights, measured interleaved in one process
 
 Variants: `naive` (lab 00's loop, the whole prefix every step), `cached_loop` (lab 02's loop:
 `Transformer.forward` with a `KVCache`), `cached` (the same cache with the packed decode step of
-`minillm.fast_decode` -- minillm's fast path, reported as `cached_tok_s`), optionally `compiled`
-(the cached loop under torch.compile) and `hf`. Every variant decodes greedily from the same
+`minillm.fast_decode`, reported as `cached_tok_s`), `fused` (batch 1: the step compiled into
+one C++ function, `minillm.compiled_decode` -- minillm's fastest path), optionally
+`compiled` (the cached loop under torch.compile) and `hf`.
+
+On the bandwidth scale (`minillm.bandwidth`), for the decode steps alone (`cached` and `fused`
+steps from a prefilled cache, `<variant>_step_tok_s`): `bytes_per_token` is counted from the
+packed decoder's tensors and the cache at the steps' mean context; `read` is a pass over a buffer
+of one step's bytes per step, timed interleaved with the variants, which gives `read_gb_s` and
+the ceiling `limit_tok_s`; `<variant>_bandwidth_fraction` is step tokens/s over that ceiling, and
+`bandwidth_fraction` the better of the two. Every variant decodes greedily from the same
 random prompt; the report says whether their tokens agree. Hugging Face runs our checkpoint written in its Llama layout and loaded with
 `AutoModelForCausalLM.from_pretrained` (transformers is only a comparison here, never a dependency
 of generation). Speeds are medians over `repeats` interleaved rounds after one warm-up round;
@@ -18,6 +26,8 @@ import tempfile
 
 import torch
 
+from .bandwidth import bandwidth_report, reader, step_bytes
+from .compiled_decode import CompiledDecoder
 from .fast_decode import PackedDecoder, generate_packed
 from .generate import generate_cached, generate_naive
 from .kvcache import KVCache
@@ -63,9 +73,25 @@ def compiled_decoder(model):
     return run
 
 
+def decode_steps(model, decoder, prompt: torch.Tensor, steps: int):
+    """A function that runs `steps` greedy decode steps of `decoder` from `prompt`, prefilled
+    once here into a cache that each call rolls back: it times the step, not the prefill."""
+    cache = KVCache.for_model(model, prompt.shape[0], prompt.shape[1] + steps)
+    with torch.no_grad():
+        first = model(prompt, cache=cache, last_only=True)[:, -1].argmax(-1)
+
+    def run():
+        cache.truncate(prompt.shape[1])
+        nxt = first
+        for _ in range(steps):
+            nxt = decoder.step(nxt, cache).argmax(-1)
+    return run
+
+
 def bench_decode(model, *, prompt_len: int = 32, new_tokens: int = 256, batch: int = 1,
                  naive: bool = True, vs_hf: bool = False, compile: bool = False,
-                 repeats: int = 3, seed: int = 0, threads: int | None = None) -> dict:
+                 fused_step: bool = True, repeats: int = 3, seed: int = 0,
+                 threads: int | None = None) -> dict:
     if prompt_len < 1 or new_tokens < 1 or batch < 1 or repeats < 1:
         raise ValueError("prompt_len, new_tokens, batch and repeats must all be >= 1")
     ctx = model.config.max_seq_len
@@ -81,6 +107,19 @@ def bench_decode(model, *, prompt_len: int = 32, new_tokens: int = 256, batch: i
     packed = PackedDecoder(model)
     fns = {"cached": lambda: generate_packed(model, prompt, new_tokens, packed),
            "cached_loop": lambda: generate_cached(model, prompt, params)}
+    fused_step = fused_step and batch == 1
+    if fused_step:
+        fast = CompiledDecoder(model)
+        fns["fused"] = lambda: generate_packed(model, prompt, new_tokens, fast)
+    # the decode steps alone (from a prefilled cache rolled back each run) against a read of
+    # one step's bytes (at the steps' mean context) per step
+    steps = max(new_tokens - 1, 1)
+    per_step = step_bytes(packed, prompt_len + (steps - 1) / 2, batch)["bytes_per_step"]
+    fns["read"] = reader(per_step, steps)
+    step_fns = {"cached": decode_steps(model, packed, prompt, steps)}
+    if fused_step:
+        step_fns["fused"] = decode_steps(model, fast, prompt, steps)
+    fns.update({f"{name} steps": fn for name, fn in step_fns.items()})
     if compile:
         run_compiled = compiled_decoder(model)
         fns["compiled"] = lambda: run_compiled(prompt, new_tokens)
@@ -99,16 +138,25 @@ def bench_decode(model, *, prompt_len: int = 32, new_tokens: int = 256, batch: i
     outputs = {name: fn() for name, fn in fns.items()}          # also the warm-up round
     times = time_interleaved(fns, warmup=0, repeats=repeats)
     n_tok = batch * new_tokens
+    speeds = {name: batch * steps / median(times[f"{name} steps"]) for name in step_fns}
     r = {"model_params": model.num_params(), "dtype": str(next(model.parameters()).dtype),
          "threads": torch.get_num_threads(), "batch": batch, "prompt_len": prompt_len,
          "new_tokens": new_tokens, "repeats": repeats,
          "cached_tok_s": n_tok / median(times["cached"]),
          "cached_loop_tok_s": n_tok / median(times["cached_loop"]),
-         "cached_loop_matches_cached": outputs["cached_loop"] == outputs["cached"]}
+         "cached_loop_matches_cached": outputs["cached_loop"] == outputs["cached"],
+         **{f"{name}_step_tok_s": v for name, v in speeds.items()},
+         **bandwidth_report(per_step / batch, batch * steps, median(times["read"]), speeds)}
+    if fused_step:
+        r["fused_tok_s"] = n_tok / median(times["fused"])
+        r["fused_matches_cached"] = outputs["fused"] == outputs["cached"]
+    r["bandwidth_fraction"] = max(r[f"{name}_bandwidth_fraction"] for name in speeds)
     if naive:
         r["naive_tok_s"] = n_tok / median(times["naive"])
         r["cached_vs_naive"] = r["cached_tok_s"] / r["naive_tok_s"]
         r["naive_matches_cached"] = outputs["naive"] == outputs["cached"]
+        if fused_step:
+            r["naive_matches_fused"] = outputs["naive"] == outputs["fused"]
     if compile:
         r["compiled_tok_s"] = n_tok / median(times["compiled"])
         r["compiled_vs_cached_loop"] = r["compiled_tok_s"] / r["cached_loop_tok_s"]

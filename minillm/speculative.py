@@ -363,6 +363,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
     prompt-lookup drafting (k = lookup_k, `lookup_new_tokens` tokens) on that prompt against the
     target alone on the same prompt.
     """
+    from .bandwidth import bandwidth_report, reader, step_bytes
     from .fast_decode import generate_packed
     from .timing import median, time_interleaved
     n_lookup = new_tokens if lookup_new_tokens is None else lookup_new_tokens
@@ -395,6 +396,9 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
         lparams = SamplingParams(temperature=0, max_new_tokens=n_lookup)
         fns["lookup"] = lambda: speculative_generate(target, looker, lookup_prompt, lookup_k,
                                                      lparams, scorer=scorer)
+    # the bandwidth scale of a plain target step: one step's bytes read once per token
+    per_step = step_bytes(plain, len(prompt) + new_tokens / 2)["bytes_per_step"]
+    fns["read"] = reader(per_step, new_tokens)
     fns = {name: clock.labelled(name, fn) for name, fn in fns.items()}
     runs = {name: fn() for name, fn in fns.items()}     # also the warm-up round
     clock.seconds.clear(), clock.calls.clear()
@@ -421,6 +425,14 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
               "target_tok_s": new_tokens / base, "target_step_ms": 1e3 * t_step,
               "threads": torch.get_num_threads(),
               "scorer": scorer.layout if scorer is not None else "forward"}
+    scale = bandwidth_report(per_step, new_tokens, median(times["read"]),
+                             {"target_step": 1 / t_step, "speculative": best["speedup"] *
+                              new_tokens / base})
+    result.update({"target_bytes_per_token": scale["bytes_per_token"],
+                   "read_gb_s": scale["read_gb_s"], "limit_tok_s": scale["limit_tok_s"],
+                   "target_step_bandwidth_fraction": scale["target_step_bandwidth_fraction"],
+                   # above 1: more tokens per second than reading the weights once per token allows
+                   "speculative_vs_limit": scale["speculative_bandwidth_fraction"]})
     if lookup_prompt is not None:
         out, stats = runs["lookup"]
         rows.append({"drafter": "prompt-lookup", "k": lookup_k, "alpha": stats.alpha,

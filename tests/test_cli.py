@@ -87,8 +87,13 @@ def test_napkin_json_reproduces_the_lecture(run):
 
 
 def test_bench_decode_json_with_hf(run):
-    r = json.loads(run("bench", "decode", "--model", "draft", "--prompt-len", "8",
-                       "--new-tokens", "12", "--repeats", "1", "--vs-hf", "--json").stdout)
+    out = json.loads(run("bench", "decode", "--model", "draft", "--prompt-len", "8",
+                         "--new-tokens", "12", "--repeats", "1", "--vs-hf", "--dtype", "float32",
+                         "--no-fused-step", "--json").stdout)
+    assert list(out["formats"]) == ["float32"] and out["model"] == "draft"
+    r = out["formats"]["float32"]
+    assert 0 < r["bandwidth_fraction"] == r["cached_bandwidth_fraction"]
+    assert r["limit_tok_s"] * r["bytes_per_token"] == pytest.approx(r["read_gb_s"] * 1e9)
     for key in ("naive_tok_s", "cached_tok_s", "cached_vs_naive", "hf_tok_s", "cached_vs_hf",
                 "cached_loop_tok_s"):
         assert r[key] > 0, key
@@ -97,6 +102,20 @@ def test_bench_decode_json_with_hf(run):
     # greedy from the same prompt: every implementation must produce the same tokens
     assert r["naive_matches_cached"] and r["hf_matches_cached"] and r["cached_loop_matches_cached"]
     assert r["new_tokens"] == 12 and r["batch"] == 1
+
+
+def test_bench_decode_times_both_formats_and_names_a_bad_one(run):
+    out = json.loads(run("bench", "decode", "--model", "draft", "--prompt-len", "4",
+                         "--new-tokens", "6", "--repeats", "1", "--no-naive", "--json").stdout)
+    assert list(out["formats"]) == ["float32", "bfloat16"]
+    for name, r in out["formats"].items():
+        assert r["dtype"] == f"torch.{name}" and r["fused_tok_s"] > 0
+        assert r["bytes_per_token"] > 0 and r["bandwidth_fraction"] > 0
+    # bf16 weights: half the bytes of fp32 (the cache too)
+    f32, bf16 = out["formats"]["float32"], out["formats"]["bfloat16"]
+    assert bf16["bytes_per_token"] == pytest.approx(f32["bytes_per_token"] / 2)
+    bad = run("bench", "decode", "--dtype", "float32,int3", "--json", ok=False)
+    assert bad.returncode == 2 and "int3" in bad.stderr
 
 
 def test_bench_batching_json(run):

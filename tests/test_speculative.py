@@ -269,6 +269,14 @@ def test_bench_reports_measured_and_predicted_figures():
     row = r["runs"][1]
     assert row["predicted_speedup"] == pytest.approx(
         expected_speedup(row["alpha"], 2, r["c"], row["verify_cost"]))
+    # the bandwidth scale of the plain target step (minillm.bandwidth), reused
+    from minillm.bandwidth import step_bytes
+    assert r["target_bytes_per_token"] == step_bytes(PackedDecoder(target), 3 + 4)["bytes_per_step"]
+    assert r["limit_tok_s"] * r["target_bytes_per_token"] == pytest.approx(r["read_gb_s"] * 1e9)
+    assert r["target_step_bandwidth_fraction"] == pytest.approx(
+        1e3 / r["target_step_ms"] / r["limit_tok_s"])
+    assert r["speculative_vs_limit"] == pytest.approx(
+        r["speedup"] * r["target_tok_s"] / r["limit_tok_s"])
 
 
 def test_cli_bench_speculative_json(capsys):

@@ -1,0 +1,102 @@
+"""How fast decode could be: bytes per token over the memory's read bandwidth.
+
+At batch 1 a decode step multiplies one row of activations by every weight matrix: each weight is
+read once and used for 2 FLOPs, so the step is memory-bound (lab 01) and
+
+    time per token  >=  bytes read per step / read bandwidth.
+
+`step_bytes` counts the bytes a packed decode step reads, from the tensors it holds (every weight
+matrix, the norm weights, one embedding row) plus the keys and values of the context it attends to.
+`read_bandwidth` measures how fast this machine reads a buffer of that size (a median of
+`buf.sum()` over a float32 buffer: one pass, no writes). The buffer size matters: a model that
+fits in the CPU's last-level cache stays there between steps, and so does a buffer of the same
+size, so the figure is the bandwidth the step itself can get (`dram_read_bandwidth` reads a buffer
+far larger than any cache, for comparison). `decode_limit` puts the two together.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .timing import median
+
+DRAM_BYTES = 1 << 30       # larger than any CPU's last-level cache we expect to meet
+
+
+def read_bandwidth(nbytes: int, repeats: int = 9, device="cpu") -> float:
+    """Bytes per second this device reads from a buffer of `nbytes` (median of `repeats` passes
+    after one warm-up pass; the current torch thread count)."""
+    if nbytes < 4096:
+        raise ValueError(f"measure at least 4096 bytes, got {nbytes}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    device = torch.device(device)
+    buf = torch.ones(int(nbytes) // 4, dtype=torch.float32, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for i in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        buf.sum()
+        sync()
+        if i:                                       # pass 0 is the warm-up
+            times.append(time.perf_counter() - t0)
+    return buf.numel() * 4 / median(times)
+
+
+def dram_read_bandwidth(repeats: int = 5) -> float:
+    """Read bandwidth from main memory: a 1 GiB buffer, out of every cache's reach."""
+    return read_bandwidth(DRAM_BYTES, repeats)
+
+
+def step_bytes(decoder, context_len: float, batch: int = 1) -> dict:
+    """Bytes one packed decode step reads at a context of `context_len` positions, counted from
+    the tensors `decoder` (a `PackedDecoder`) holds: every weight matrix and bias, the norm
+    weights, `batch` embedding rows and the cache's keys and values (`batch` sequences, after
+    appending the new token)."""
+    if context_len < 0:
+        raise ValueError(f"context_len must be >= 0, got {context_len}")
+    c = decoder.config
+    weights = sum(t.nbytes for layer in decoder.layers for t in layer.values()
+                  if isinstance(t, torch.Tensor))
+    weights += decoder.norm.nbytes + decoder.lm_head.nbytes
+    embed = batch * decoder.embed[0].nbytes
+    kv = batch * c.n_layers * 2 * c.n_kv_heads * c.head_dim * (context_len + 1) * \
+        decoder.embed.element_size()
+    return {"weight_bytes": weights, "embedding_bytes": embed, "kv_bytes": kv,
+            "bytes_per_step": weights + embed + kv}
+
+
+def decode_limit(bytes_per_step: float, bandwidth: float, batch: int = 1) -> float:
+    """The memory-bound ceiling in tokens per second: `batch` tokens per step read at
+    `bandwidth`."""
+    return batch * bandwidth / bytes_per_step
+
+
+def reader(nbytes: int, passes: int):
+    """A function that reads a float32 buffer of `nbytes` bytes `passes` times: time it beside a
+    decode of `passes` steps (interleaved, `minillm.timing`) and the two share the machine's state
+    (load, frequency, what else holds the cache) at every round."""
+    if nbytes < 4096 or passes < 1:
+        raise ValueError(f"need nbytes >= 4096 and passes >= 1, got {nbytes}, {passes}")
+    buf = torch.ones(int(nbytes) // 4, dtype=torch.float32)
+
+    def read():
+        for _ in range(passes):
+            buf.sum()
+    return read
+
+
+def bandwidth_report(bytes_per_token: float, tokens: int, read_seconds: float,
+                     speeds: dict[str, float]) -> dict:
+    """The bandwidth figures of a decode benchmark: `read_seconds` is the median time a `reader`
+    took to read `tokens * bytes_per_token` bytes; `speeds` maps a variant name to its tokens/s.
+    Returns bytes_per_token, read_gb_s, limit_tok_s and `<name>_bandwidth_fraction` (tokens/s
+    over the limit) per variant."""
+    limit = tokens / read_seconds
+    out = {"bytes_per_token": bytes_per_token,
+           "read_gb_s": tokens * bytes_per_token / read_seconds / 1e9, "limit_tok_s": limit}
+    for name, tok_s in speeds.items():
+        out[f"{name}_bandwidth_fraction"] = tok_s / limit
+    return out

@@ -1,0 +1,95 @@
+"""A batch-1 decode step that torch.compile turns into one C++ function: decode near the bandwidth.
+
+At batch 1 a decode step should take bytes read / bandwidth (`minillm.bandwidth`). Run op by op,
+it takes longer, for two reasons the packed step (`minillm.fast_decode`) cannot remove:
+
+* overhead: ~100 small ops per step (norms, RoPE, attention, SiLU, residual adds), each a few
+  microseconds of dispatch and Python, and each reading and writing its tensors again;
+* the matrix-vector product itself: the CPU BLAS streams fp32 weights at the bandwidth, but its
+  bf16 product (oneDNN) reaches about half of it at one row.
+
+`CompiledDecoder` writes the step as plain tensor code over [out, in] weights and hands it to
+`torch.compile` (Inductor), which fuses every elementwise op into its neighbours and generates the
+bf16 matrix-vector product as a loop that loads each weight once, widens it to fp32 in registers
+and multiply-accumulates (the fused upcast a Triton GEMV does on a GPU, lab 04). fp32 weights keep
+the BLAS product (`torch.mv`, which Inductor calls directly). Activations stay fp32 throughout;
+keys and values are stored in the cache's dtype.
+
+Three details make the compiled step fast rather than slow:
+* it runs under `torch.no_grad()`: otherwise Inductor also builds a backward graph;
+* the cache is written with `narrow(...).copy_` at a position that is a symbolic integer, so one
+  compiled graph serves every position (indexing with a Python int recompiles per position);
+* `realize_opcount_threshold=1` makes Inductor compute each GEMV's input once: by default it
+  inlines cheap producers into their consumer, and a consumer that is a matrix-vector product
+  would recompute, e.g., SiLU(gate) * up once per output row.
+
+Compiling takes 10-40 s on a 2-core CPU the first time (two graphs: a static one, then one
+dynamic in the position); Inductor caches the result on disk, so later processes start in
+seconds. The weights are `PackedDecoder`'s (layout "out_in"), so what it refuses this refuses
+too; also biased projections, batches and several tokens per step, which `PackedDecoder` does.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .fast_decode import PackedDecoder
+
+INDUCTOR_OPTIONS = {"realize_opcount_threshold": 1}
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [in] (fp32) times w [out, in] -> [out] (fp32): each weight read once."""
+    if w.dtype == torch.float32:
+        return torch.mv(w, x)
+    return (w.float() * x).sum(-1)          # Inductor: load, widen, multiply-add, per row
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean() + eps) * weight.float()
+
+
+class CompiledDecoder:
+    """`step(ids [1], cache) -> logits [1, V]`, the interface of `PackedDecoder.step` at batch 1,
+    compiled on the first call. A snapshot of the weights: build a new one after changing them."""
+
+    def __init__(self, model):
+        # the packed decoder's [out, in] weights (q/k/v and gate/up concatenated) and RoPE tables
+        self.packed = p = PackedDecoder(model, layout="out_in")
+        if any(w[b] is not None for w in p.layers for b in ("qkv_b", "o_b", "gu_b", "down_b")):
+            raise ValueError("CompiledDecoder does not support biased projections")
+        self.config = p.config
+        self.cos, self.sin_signed = p.cos.float(), p.sin_signed.float()
+        self._compiled = torch.compile(self._forward, options=INDUCTOR_OPTIONS)
+
+    def _forward(self, ids, pos, cos, sin, ks, vs):
+        """The whole step on plain tensors: ids [1], pos the position (symbolic once compiled)."""
+        c = self.config
+        N, K, H = c.n_heads, c.n_kv_heads, c.head_dim
+        p = self.packed
+        x = p.embed[ids].float().view(-1)                                     # [D]
+        for i, w in enumerate(p.layers):
+            qkv = gemv(rms_norm(x, w["ln1"], w["eps1"]), w["qkv"]).view(N + 2 * K, H)
+            qk = qkv[:N + K] * cos + qkv[:N + K].roll(H // 2, -1) * sin     # RoPE on q and k
+            ks[i][0].narrow(1, pos, 1).copy_(qk[N:, None])                   # cache [K, S, H]
+            vs[i][0].narrow(1, pos, 1).copy_(qkv[N + K:, None])
+            keys, values = ks[i][0, :, :pos + 1].float(), vs[i][0, :, :pos + 1].float()
+            q = qk[:N].view(K, N // K, H)                                    # GQA: K groups
+            scores = q @ keys.transpose(1, 2) * H ** -0.5                   # [K, N/K, p+1]
+            att = (torch.softmax(scores, -1) @ values).reshape(N * H)
+            x = x + gemv(att, w["o"])
+            gate, up = gemv(rms_norm(x, w["ln2"], w["eps2"]), w["gu"]).chunk(2)
+            x = x + gemv(F.silu(gate) * up, w["down"])
+        return gemv(rms_norm(x, p.norm, p.norm_eps), p.lm_head)[None]
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        if ids.shape != (1,):
+            raise ValueError(f"CompiledDecoder decodes one token of one sequence: ids must have "
+                             f"shape (1,), got {tuple(ids.shape)}")
+        p = cache.seq_len
+        if p + 1 > cache.max_len:
+            raise ValueError(f"KV cache is full: it holds {p} of {cache.max_len} positions")
+        logits = self._compiled(ids, p, self.cos[p], self.sin_signed[p], cache.k, cache.v)
+        cache.advance(cache.positions[p:p + 1])
+        return logits
