@@ -21,17 +21,14 @@ import time
 import torch
 
 import minillm
-from minillm.compiled_decode import gemv
+from minillm.compiled_decode import INDUCTOR_OPTIONS, gemv
+from minillm.fast_decode import PackedDecoder
 
 
 def matrices(model) -> list[torch.Tensor]:
     """The [out, in] matrices one packed decode step reads (q/k/v and gate/up concatenated)."""
-    out = []
-    for layer in model.layers:
-        a, m = layer.self_attn, layer.mlp
-        out += [torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
-                torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight]
-    return [w.detach().contiguous() for w in out + [model.lm_head.weight]]
+    packed = PackedDecoder(model, layout="out_in")
+    return [w[k] for w in packed.layers for k in ("qkv", "o", "gu", "down")] + [packed.lm_head]
 
 
 def methods(ws: list[torch.Tensor]) -> dict:
@@ -41,7 +38,7 @@ def methods(ws: list[torch.Tensor]) -> dict:
     wts = [w.t().contiguous() for w in ws]
     buf = torch.ones(sum(w.nbytes for w in ws) // 4)
     compiled = torch.compile(lambda ws, xs: [gemv(xs[w.shape[1]], w) for w in ws],
-                             options={"realize_opcount_threshold": 1})
+                             options=INDUCTOR_OPTIONS)
     fns = {"read": lambda: buf.sum(),
            "blas": lambda: [xs_d[w.shape[0]] @ w for w in wts],
            "generated": lambda: compiled(ws, xs)}

@@ -10,44 +10,23 @@ matrix, the norm weights, one embedding row) plus the keys and values of the con
 `read_bandwidth` measures how fast this machine reads a buffer of that size (a median of
 `buf.sum()` over a float32 buffer: one pass, no writes). The buffer size matters: a model that
 fits in the CPU's last-level cache stays there between steps, and so does a buffer of the same
-size, so the figure is the bandwidth the step itself can get (`dram_read_bandwidth` reads a buffer
-far larger than any cache, for comparison). `decode_limit` puts the two together.
+size, so the figure is the bandwidth the step itself can get. `reader` is the same read as a
+function to time interleaved with decoders; `decode_limit` and `bandwidth_report` put bytes and
+bandwidth together.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
-from .timing import median
-
-DRAM_BYTES = 1 << 30       # larger than any CPU's last-level cache we expect to meet
-
-
-def read_bandwidth(nbytes: int, repeats: int = 9, device="cpu") -> float:
-    """Bytes per second this device reads from a buffer of `nbytes` (median of `repeats` passes
-    after one warm-up pass; the current torch thread count)."""
-    if nbytes < 4096:
-        raise ValueError(f"measure at least 4096 bytes, got {nbytes}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    device = torch.device(device)
-    buf = torch.ones(int(nbytes) // 4, dtype=torch.float32, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    for i in range(repeats + 1):
-        sync()
-        t0 = time.perf_counter()
-        buf.sum()
-        sync()
-        if i:                                       # pass 0 is the warm-up
-            times.append(time.perf_counter() - t0)
-    return buf.numel() * 4 / median(times)
+from .kvcache import KVSpec, kv_bytes_per_token
+from .timing import median, time_interleaved
 
 
-def dram_read_bandwidth(repeats: int = 5) -> float:
-    """Read bandwidth from main memory: a 1 GiB buffer, out of every cache's reach."""
-    return read_bandwidth(DRAM_BYTES, repeats)
+def read_bandwidth(nbytes: int, repeats: int = 9) -> float:
+    """Bytes per second this CPU reads from a buffer of `nbytes` (the median of `repeats` timed
+    passes of a `reader` after a warm-up pass; the current torch thread count)."""
+    times = time_interleaved({"read": reader(nbytes, 1)}, warmup=1, repeats=repeats)
+    return nbytes // 4 * 4 / median(times["read"])
 
 
 def step_bytes(decoder, context_len: float, batch: int = 1) -> dict:
@@ -62,8 +41,8 @@ def step_bytes(decoder, context_len: float, batch: int = 1) -> dict:
                   if isinstance(t, torch.Tensor))
     weights += decoder.norm.nbytes + decoder.lm_head.nbytes
     embed = batch * decoder.embed[0].nbytes
-    kv = batch * c.n_layers * 2 * c.n_kv_heads * c.head_dim * (context_len + 1) * \
-        decoder.embed.element_size()
+    specs = [KVSpec(c.n_kv_heads, c.head_dim, c.head_dim)] * c.n_layers    # plain layers only
+    kv = batch * (context_len + 1) * kv_bytes_per_token(specs, decoder.embed.element_size())
     return {"weight_bytes": weights, "embedding_bytes": embed, "kv_bytes": kv,
             "bytes_per_step": weights + embed + kv}
 
@@ -94,9 +73,9 @@ def bandwidth_report(bytes_per_token: float, tokens: int, read_seconds: float,
     took to read `tokens * bytes_per_token` bytes; `speeds` maps a variant name to its tokens/s.
     Returns bytes_per_token, read_gb_s, limit_tok_s and `<name>_bandwidth_fraction` (tokens/s
     over the limit) per variant."""
-    limit = tokens / read_seconds
-    out = {"bytes_per_token": bytes_per_token,
-           "read_gb_s": tokens * bytes_per_token / read_seconds / 1e9, "limit_tok_s": limit}
+    bandwidth = tokens * bytes_per_token / read_seconds
+    limit = decode_limit(bytes_per_token, bandwidth)
+    out = {"bytes_per_token": bytes_per_token, "read_gb_s": bandwidth / 1e9, "limit_tok_s": limit}
     for name, tok_s in speeds.items():
         out[f"{name}_bandwidth_fraction"] = tok_s / limit
     return out

@@ -116,7 +116,7 @@ def cmd_bench_decode(a) -> int:
     from .decode_speed import DTYPES, bench_decode
     dtypes = a.dtype.split(",")
     bad = [d for d in dtypes if d not in DTYPES]
-    if bad or not dtypes:
+    if bad:
         raise ValueError(f"--dtype takes a comma-separated list of {', '.join(DTYPES)}; got "
                          f"{a.dtype!r}")
     formats = {}

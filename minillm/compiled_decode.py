@@ -46,7 +46,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean() + eps) * weight.float()
+    """RMSNorm of an fp32 activation with a weight of any dtype (torch's own, widened)."""
+    return F.rms_norm(x, x.shape, weight.float(), eps)
 
 
 class CompiledDecoder:

@@ -92,6 +92,30 @@ def test_delegating_to_the_reference_fails_the_guarded_check(lab):
     assert check.passes(check.reference) is True        # and the guard is lifted afterwards
 
 
+def test_lab07_delegating_to_the_references_shared_core_fails():
+    """An attack found 2026-11-25: lab 07 disabled only the public torch reference, so a decode
+    calling the private core it shares with the split reference (`_partial_attention`), or the
+    split reference itself, passed the speed check -- and `_partial_attention` also the hidden
+    correctness test. Both lists now come from `lab07.DECODE_REFERENCES`."""
+    import kernels.paged_attention_ref as ref
+    from autograder.labs import lab07
+
+    def via_core(q, kc, vc, tables, lens, scale=None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return ref._partial_attention(q, kc, vc, tables, lens, scale, 0,
+                                      int(lens.max()))[0].to(q.dtype)
+
+    def via_split(q, kc, vc, tables, lens, scale=None):
+        return ref.paged_attention_decode_split_ref(q, kc, vc, tables, lens, scale, num_splits=1)
+
+    check = CHECKS["lab07"]
+    assert set(check.disabled) == set(lab07.DECODE_REFERENCES)
+    for attack in (via_core, via_split):
+        assert check.passes(attack, guarded=False), "the attack computes the right answer"
+        with pytest.raises(AssertionError, match="is disabled during grading"):
+            check.check(attack, *check.fixture())
+
+
 def test_every_lab_with_a_speed_test_has_a_check():
     names = [m.__name__.rsplit(".", 1)[-1] for m in lab_modules()]
     assert names == sorted(names) and all(n[:3] == "lab" for n in names)
