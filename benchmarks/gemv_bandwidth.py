@@ -4,12 +4,22 @@
 
 Batch-1 decode is a chain of matrix-vector products, so no decode step can beat the slowest GEMV
 available for its weight format. The script times, interleaved (median of `--rounds`, 20 passes
-each), one pass over the shipped target's weight matrices (its shapes, random values) with:
-`read` (`buf.sum()` over a buffer of the same bytes), `blas` (x @ W, [in, out] weights: MKL for
-fp32, oneDNN's matmul for bf16), `onednn` (bf16: oneDNN's inner product on weights packed for it)
-and `generated` (the product `minillm.compiled_decode.gemv` has Inductor generate: for bf16 a loop
-that widens each weight in registers; for fp32 it calls the BLAS). Prints GB/s and the fraction
-of `read` per method and format.
+each), one pass over the shipped target's weight matrices as `minillm.compiled_decode` holds
+them, in four formats (`minillm.quant_speed.model_formats`; fp32 and bf16 with lm_head, int8 and
+int4 without it, since the quantized models keep it in bf16), with:
+
+* `read`: `buf.sum()` over a buffer of the same bytes (codes, scales and zeros included);
+* `generated`: the product `minillm.compiled_decode.gemv` uses, compiled as the decode step
+  compiles it (fp32: the BLAS; bf16 and int8: a loop Inductor generates that widens each weight
+  in registers; int4: torch's int4 CPU kernel);
+* fp32 and bf16 `blas`: x @ W with [in, out] weights (MKL for fp32, oneDNN's matmul for bf16);
+  bf16 `onednn`: oneDNN's inner product on weights packed for it;
+* int8 `torch_kernel`: torch's `_weight_int8pack_mm` (kernels/cpu_weight_only.py, what
+  QuantLinear calls on a CPU); int4 `inductor_loop`: the int4 product written for Inductor to
+  generate (per group of 64: unpack both nibbles, multiply-add, scale; subtract scale * zero *
+  the group's input sum), the alternative `gemv` rejects.
+
+Prints GB/s and the fraction of `read` per method and format.
 """
 from __future__ import annotations
 
@@ -21,32 +31,70 @@ import time
 import torch
 
 import minillm
-from minillm.compiled_decode import INDUCTOR_OPTIONS, gemv
+from kernels import cpu_weight_only
+from minillm.compiled_decode import INDUCTOR_OPTIONS, Int8Rows, gemv, step_matrix
 from minillm.fast_decode import PackedDecoder
+from minillm.quant_speed import model_formats
+
+G = 64
 
 
-def matrices(model) -> list[torch.Tensor]:
-    """The [out, in] matrices one packed decode step reads (q/k/v and gate/up concatenated)."""
+def matrices(model, lm_head: bool) -> list:
+    """The matrices one compiled decode step reads (q/k/v and gate/up concatenated), as
+    `minillm.compiled_decode.step_matrix` keeps them."""
     packed = PackedDecoder(model, layout="out_in")
-    return [w[k] for w in packed.layers for k in ("qkv", "o", "gu", "down")] + [packed.lm_head]
+    ws = [w[k] for w in packed.layers for k in ("qkv", "o", "gu", "down")]
+    return [step_matrix(w) for w in ws + ([packed.lm_head] if lm_head else [])]
 
 
-def methods(ws: list[torch.Tensor]) -> dict:
-    dtype = ws[0].dtype
-    xs = {n: torch.randn(n) for n in {w.shape[1] for w in ws}}
-    xs_d = {n: x.to(dtype)[None] for n, x in xs.items()}
-    wts = [w.t().contiguous() for w in ws]
-    buf = torch.ones(sum(w.nbytes for w in ws) // 4)
-    compiled = torch.compile(lambda ws, xs: [gemv(xs[w.shape[1]], w) for w in ws],
+def shape(w) -> tuple[int, int]:
+    if isinstance(w, Int8Rows):
+        return tuple(w.codes.shape)
+    if isinstance(w, cpu_weight_only.W4Packed):
+        return w.N, w.K
+    return tuple(w.shape)
+
+
+def nbytes(w) -> int:
+    return sum(t.nbytes for t in w) if isinstance(w, Int8Rows) else w.nbytes
+
+
+def int4_loop(x, packed, scales, scaled_zeros):
+    """The int4 product as plain tensor code for Inductor: codes [N, K / 2] (low nibble = even
+    k), scales and scale * zero [N, K / G]."""
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    q = torch.stack([packed & 15, packed >> 4], -1).view(N, K // G, G).float()
+    part = (q * x.view(K // G, G)).sum(-1)                       # [N, groups]
+    return (part * scales).sum(-1) - scaled_zeros @ x.view(K // G, G).sum(-1)
+
+
+def methods(ws: list, model) -> dict:
+    xs = {n: torch.randn(n) for n in {shape(w)[1] for w in ws}}
+    buf = torch.ones(sum(nbytes(w) for w in ws) // 4)
+    compiled = torch.compile(lambda ws, xs: [gemv(xs[shape(w)[1]], w) for w in ws],
                              options=INDUCTOR_OPTIONS)
-    fns = {"read": lambda: buf.sum(),
-           "blas": lambda: [xs_d[w.shape[0]] @ w for w in wts],
-           "generated": lambda: compiled(ws, xs)}
-    if dtype == torch.bfloat16 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in ws]
-        linear = torch.ops.mkldnn._linear_pointwise
-        fns["onednn"] = lambda: [linear(xs_d[w.shape[1]], p, None, "none", [], "")
-                                 for w, p in zip(ws, packed)]
+    fns = {"read": lambda: buf.sum(), "generated": lambda: compiled(ws, xs)}
+    if isinstance(ws[0], Int8Rows):
+        xs_b = {n: x.bfloat16()[None] for n, x in xs.items()}
+        fns["torch_kernel"] = lambda: [torch.ops.aten._weight_int8pack_mm(
+            xs_b[w.codes.shape[1]], w.codes, w.scales.bfloat16()) for w in ws]
+    elif isinstance(ws[0], cpu_weight_only.W4Packed):
+        packed = PackedDecoder(model, layout="out_in")
+        qs = [w[k] for w in packed.layers for k in ("qkv", "o", "gu", "down")]
+        args = [(q.qweight, q.scales.float(), (q.scales * q.zeros).float()) for q in qs]
+        loop = torch.compile(lambda xs, args: [int4_loop(xs[2 * a[0].shape[1]], *a)
+                                               for a in args])
+        fns["inductor_loop"] = lambda: loop(xs, args)
+    else:
+        dtype = ws[0].dtype
+        xs_d = {n: x.to(dtype)[None] for n, x in xs.items()}
+        wts = [w.t().contiguous() for w in ws]
+        fns["blas"] = lambda: [xs_d[w.shape[0]] @ w for w in wts]
+        if dtype == torch.bfloat16 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+            onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in ws]
+            linear = torch.ops.mkldnn._linear_pointwise
+            fns["onednn"] = lambda: [linear(xs_d[w.shape[1]], p, None, "none", [], "")
+                                     for w, p in zip(ws, onednn)]
     return fns
 
 
@@ -57,10 +105,10 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     report = {"threads": a.threads, "formats": {}}
-    for dtype in (torch.float32, torch.bfloat16):
-        ws = matrices(minillm.load("target").to(dtype))
-        nbytes = sum(w.nbytes for w in ws)
-        fns = methods(ws)
+    for name, model in model_formats(minillm.load("target"), G).items():
+        ws = matrices(model, lm_head=name in ("fp32", "bf16"))
+        total = sum(nbytes(w) for w in ws)
+        fns = methods(ws, model)
         times = {k: [] for k in fns}
         with torch.no_grad():
             for f in fns.values():
@@ -73,8 +121,8 @@ def main() -> None:
                         f()
                     times[k].append((time.perf_counter() - t0) / 20)
         med = {k: statistics.median(v) for k, v in times.items()}
-        report["formats"][str(dtype).removeprefix("torch.")] = {
-            "bytes": nbytes, **{f"{k}_gb_s": nbytes / t / 1e9 for k, t in med.items()},
+        report["formats"][name] = {
+            "bytes": total, **{f"{k}_gb_s": total / t / 1e9 for k, t in med.items()},
             **{f"{k}_vs_read": med["read"] / t for k, t in med.items() if k != "read"}}
     print(json.dumps(report, indent=1))
 

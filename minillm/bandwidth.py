@@ -29,17 +29,29 @@ def read_bandwidth(nbytes: int, repeats: int = 9) -> float:
     return nbytes // 4 * 4 / median(times["read"])
 
 
+def nbytes(obj) -> int:
+    """Bytes a decoder's weight holds: a tensor; a module's parameters and buffers (QuantLinear);
+    a tuple of tensors; anything with an `nbytes` (kernels' packed formats); else 0 (a float)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, torch.nn.Module):
+        return sum(t.nbytes for t in [*obj.parameters(), *obj.buffers()])
+    if isinstance(obj, tuple):
+        return sum(nbytes(t) for t in obj)
+    return int(getattr(obj, "nbytes", 0))
+
+
 def step_bytes(decoder, context_len: float, batch: int = 1) -> dict:
     """Bytes one packed decode step reads at a context of `context_len` positions, counted from
-    the tensors `decoder` (a `PackedDecoder`) holds: every weight matrix and bias, the norm
+    the tensors `decoder` (a `PackedDecoder` or `CompiledDecoder`, float or quantized weights)
+    holds: every weight matrix and bias (codes, scales and zeros), the norm
     weights, `batch` embedding rows and the cache's keys and values (`batch` sequences, after
     appending the new token)."""
     if context_len < 0:
         raise ValueError(f"context_len must be >= 0, got {context_len}")
     c = decoder.config
-    weights = sum(t.nbytes for layer in decoder.layers for t in layer.values()
-                  if isinstance(t, torch.Tensor))
-    weights += decoder.norm.nbytes + decoder.lm_head.nbytes
+    weights = sum(nbytes(t) for layer in decoder.layers for t in layer.values())
+    weights += nbytes(decoder.norm) + nbytes(decoder.lm_head)
     embed = batch * decoder.embed[0].nbytes
     specs = [KVSpec(c.n_kv_heads, c.head_dim, c.head_dim)] * c.n_layers    # plain layers only
     kv = batch * (context_len + 1) * kv_bytes_per_token(specs, decoder.embed.element_size())

@@ -9,6 +9,7 @@
     minillm bench decode [--model NAME|PATH] [--prompt-len P --new-tokens N --batch B]
                          [--vs-hf] [--compile] [--no-naive] [--no-fused-step]
                          [--dtype float32,bfloat16] --json
+    minillm bench quant [--model NAME|PATH] [--prompt-len P --new-tokens N --group-size G] --json
     minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] --json
     minillm bench batching [--requests N --rate R --seed S --max-batch B] --json
     minillm train ...            (same as python -m minillm.train)
@@ -136,6 +137,33 @@ def cmd_bench_decode(a) -> int:
     return _report(a, {"model": a.model, "formats": formats}, text)
 
 
+def _tokens_match(t: dict) -> str:
+    where = "match fp32" if t["matches_fp32"] else f"part from fp32 at {t['first_divergence']}"
+    return f", greedy tokens {where}, top-1 agreement {t['top1_agreement']:.3f}"
+
+
+def cmd_bench_quant(a) -> int:
+    from .data import load_text
+    from .quant_speed import bench_quant
+    model, tok = _load(a.model)
+    prompt = tok.encode(load_text("val")[:20 * a.prompt_len])[:a.prompt_len]
+    if len(prompt) < a.prompt_len:
+        raise ValueError(f"--prompt-len {a.prompt_len}: the validation text's start gives only "
+                         f"{len(prompt)} tokens")
+    r = {"model": a.model, **bench_quant(model, prompt, new_tokens=a.new_tokens,
+                                         repeats=a.repeats, group_size=a.group_size,
+                                         threads=a.threads)}
+    return _report(a, r, lambda r: "\n".join(
+        [f"{r['model']}, batch 1, {r['threads']} thread(s), {r['new_tokens']} tokens after a "
+         f"{r['prompt_len']}-token prompt; reads at {r['read_gb_s']:.1f} GB/s"] +
+        [f"{n:>5}: {r[f'{n}_tok_s']:7.1f} tok/s"
+         + (f" = {r[f'{n}_vs_fp32']:.2f}x fp32" if n != "fp32" else " (baseline)   ")
+         + f", stores {r['model_bytes'][n] / 1e6:5.1f} MB, reads {r['bytes_per_token'][n] / 1e6:5.1f}"
+         f" MB/token, {r['bandwidth_fraction'][n]:.2f} of its limit"
+         + ("" if n == "fp32" else _tokens_match(r["tokens_match"][n]))
+         for n in ("fp32", "bf16", "int8", "int4")]))
+
+
 def cmd_bench_speculative(a) -> int:
     import minillm
 
@@ -241,6 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also time the cached loop under torch.compile (compiles for ~1 min)")
     bd.add_argument("--no-naive", action="store_true", help="skip the (slow) naive loop")
     bd.set_defaults(func=cmd_bench_decode)
+
+    bq = bsub.add_parser("quant", parents=[run],
+                         help="batch-1 decode with fp32, bf16, int8 and int4 weights")
+    bq.add_argument("--prompt-len", type=int, default=32,
+                    help="tokens from the start of the validation text")
+    bq.add_argument("--new-tokens", type=int, default=256)
+    bq.add_argument("--repeats", type=int, default=5)
+    bq.add_argument("--group-size", type=int, default=64, help="int4 group size (32, 64, 128)")
+    bq.set_defaults(func=cmd_bench_quant)
 
     bs = bsub.add_parser("speculative", parents=[run], help="speculative vs plain greedy decoding")
     bs.add_argument("--draft", default="draft")

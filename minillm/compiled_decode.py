@@ -23,6 +23,11 @@ Three details make the compiled step fast rather than slow:
   inlines cheap producers into their consumer, and a consumer that is a matrix-vector product
   would recompute, e.g., SiLU(gate) * up once per output row.
 
+Quantized models (minillm.quant: `quantize_model(model, "int8")` or "int4-g64") run here too:
+their merged QuantLinear matrices become `Int8Rows` (codes and one fp32 scale per row; Inductor
+generates the product, widening each code in registers and scaling each row once) or torch's
+int4 CPU layout (`kernels/cpu_weight_only.py`). `minillm bench quant` times all four formats.
+
 Compiling takes 10-40 s on a 2-core CPU the first time (two graphs: a static one, then one
 dynamic in the position); Inductor caches the result on disk, so later processes start in
 seconds. The weights are `PackedDecoder`'s (layout "out_in"), so what it refuses this refuses
@@ -30,19 +35,58 @@ too; also biased projections, batches and several tokens per step, which `Packed
 """
 from __future__ import annotations
 
+import types
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_weight_only
+
 from .fast_decode import PackedDecoder
+from .quant import QuantLinear
 
 INDUCTOR_OPTIONS = {"realize_opcount_threshold": 1}
+MATRICES = ("qkv", "o", "gu", "down")
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [in] (fp32) times w [out, in] -> [out] (fp32): each weight read once."""
+class Int8Rows(NamedTuple):
+    """An int8 matrix as the step reads it: codes [out, in] and one fp32 scale per row."""
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+
+def step_matrix(w):
+    """What the compiled step keeps of one packed matrix: a float tensor as it is, an int8
+    QuantLinear as `Int8Rows`, an int4 one in torch's int4 CPU layout (`W4Packed`)."""
+    if isinstance(w, torch.Tensor):
+        return w
+    if not isinstance(w, QuantLinear) or w.input_scale is not None or w.bias is not None:
+        raise ValueError(f"CompiledDecoder runs float or plain QuantLinear matrices (no AWQ "
+                         f"input scale, no bias); got {w!r}")
+    if w.bits == 8:
+        return Int8Rows(w.qweight, w.scales.float())
+    if "int4" in cpu_weight_only.missing() or \
+            not cpu_weight_only.w4_supported(w.out_features, w.in_features, w.group_size):
+        raise ValueError(f"CompiledDecoder needs torch's int4 CPU kernel for {w!r}: N a multiple "
+                         f"of 16, a group size in {cpu_weight_only.W4_GROUPS}")
+    return cpu_weight_only.pack_w4_cpu(w.qweight, w.scales, w.zeros, w.group_size)
+
+
+def gemv(x: torch.Tensor, w) -> torch.Tensor:
+    """x [in] (fp32) times w [out, in] -> [out] (fp32): each weight read once.
+
+    fp32: the BLAS product. bf16 and int8: a loop Inductor generates, which loads each weight,
+    widens it to fp32 in registers and multiply-adds (int8: the row's scale applied once, at the
+    end). int4: torch's int4 CPU kernel (bf16 activations), because Inductor's loop over groups
+    of packed nibbles is several times slower (benchmarks/gemv_bandwidth.py measures them all)."""
+    if isinstance(w, cpu_weight_only.W4Packed):
+        return cpu_weight_only.w4_cpu_matmul(x[None], w)[0]
+    if isinstance(w, Int8Rows):
+        return (w.codes.float() * x).sum(-1) * w.scales
     if w.dtype == torch.float32:
         return torch.mv(w, x)
-    return (w.float() * x).sum(-1)          # Inductor: load, widen, multiply-add, per row
+    return (w.float() * x).sum(-1)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -59,9 +103,17 @@ class CompiledDecoder:
         self.packed = p = PackedDecoder(model, layout="out_in")
         if any(w[b] is not None for w in p.layers for b in ("qkv_b", "o_b", "gu_b", "down_b")):
             raise ValueError("CompiledDecoder does not support biased projections")
-        self.config = p.config
+        self.layers = [{k: step_matrix(v) if k in MATRICES else v for k, v in w.items()}
+                       for w in p.layers]
+        self.lm_head = step_matrix(p.lm_head)
+        self.embed, self.norm, self.config = p.embed, p.norm, p.config
         self.cos, self.sin_signed = p.cos.float(), p.sin_signed.float()
-        self._compiled = torch.compile(self._forward, options=INDUCTOR_OPTIONS)
+        # Dynamo keeps its graphs on the function's code object and stops compiling a code
+        # object after `recompile_limit` (8) graphs; each decoder needs two (static, then dynamic
+        # position), so each decoder compiles its own copy of `_forward`'s code.
+        code = CompiledDecoder._forward.__code__.replace(co_name=f"_forward_{id(self):x}")
+        own = types.MethodType(types.FunctionType(code, globals(), code.co_name), self)
+        self._compiled = torch.compile(own, options=INDUCTOR_OPTIONS)
 
     def _forward(self, ids, pos, cos, sin, ks, vs):
         """The whole step on plain tensors: ids [1], pos the position (symbolic once compiled)."""
@@ -69,7 +121,7 @@ class CompiledDecoder:
         N, K, H = c.n_heads, c.n_kv_heads, c.head_dim
         p = self.packed
         x = p.embed[ids].float().view(-1)                                     # [D]
-        for i, w in enumerate(p.layers):
+        for i, w in enumerate(self.layers):
             qkv = gemv(rms_norm(x, w["ln1"], w["eps1"]), w["qkv"]).view(N + 2 * K, H)
             qk = qkv[:N + K] * cos + qkv[:N + K].roll(H // 2, -1) * sin     # RoPE on q and k
             ks[i][0].narrow(1, pos, 1).copy_(qk[N:, None])                   # cache [K, S, H]
@@ -81,7 +133,7 @@ class CompiledDecoder:
             x = x + gemv(att, w["o"])
             gate, up = gemv(rms_norm(x, w["ln2"], w["eps2"]), w["gu"]).chunk(2)
             x = x + gemv(F.silu(gate) * up, w["down"])
-        return gemv(rms_norm(x, p.norm, p.norm_eps), p.lm_head)[None]
+        return gemv(rms_norm(x, p.norm, p.norm_eps), self.lm_head)[None]
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, cache) -> torch.Tensor:

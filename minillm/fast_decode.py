@@ -25,6 +25,8 @@ Keys and values still go through the same `KVCache` (`cache.update` / `cache.adv
 packed decoder and `Transformer.forward` can share one cache: prefill with the model, decode with
 the packed step. It is a *snapshot* of the weights: build a new one after changing the model.
 Only plain (full-attention, MHA/GQA/MQA) layers are supported; anything else is refused.
+Quantized projections (`minillm.quant.QuantLinear`, layout "out_in" only) are merged with
+`QuantLinear.cat` and run through their own forward (torch's packed CPU kernels).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import Attention, causal_mask, rope_cos_sin, sdpa
+from .quant import QuantLinear
 
 LAYOUTS = ("in_out", "out_in", "onednn")
 ONEDNN_ROWS = 5       # the batch of rows oneDNN's weight packing is tuned for (k + 1 drafts)
@@ -79,27 +82,40 @@ class PackedDecoder:
         with torch.no_grad():
             for layer in model.layers:
                 a, m = layer.self_attn, layer.mlp
-                qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-                qkv_b = (torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-                         if a.q_proj.bias is not None else None)
+                qkv, qkv_b = self._pack([a.q_proj, a.k_proj, a.v_proj])
+                o, o_b = self._pack([a.o_proj])
+                gu, gu_b = self._pack([m.gate_proj, m.up_proj])
+                down, down_b = self._pack([m.down_proj])
                 self.layers.append(dict(
                     ln1=layer.input_layernorm.weight.detach(), ln2=layer.post_attention_layernorm.weight.detach(),
                     eps1=layer.input_layernorm.eps, eps2=layer.post_attention_layernorm.eps,
-                    qkv=self._store(qkv), qkv_b=qkv_b,
-                    o=self._store(a.o_proj.weight), o_b=a.o_proj.bias,
-                    gu=self._store(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
-                    gu_b=(torch.cat([m.gate_proj.bias, m.up_proj.bias])
-                          if m.gate_proj.bias is not None else None),
-                    down=self._store(m.down_proj.weight), down_b=m.down_proj.bias))
+                    qkv=qkv, qkv_b=qkv_b, o=o, o_b=o_b, gu=gu, gu_b=gu_b, down=down,
+                    down_b=down_b))
             self.embed = model.embed_tokens.weight.detach()
             self.norm, self.norm_eps = model.norm.weight.detach(), model.norm.eps
-            self.lm_head = self._store(model.lm_head.weight)
+            self.lm_head, _ = self._pack([model.lm_head])
             pos = torch.arange(c.max_seq_len, device=self.embed.device)
             self.cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, self.embed.dtype)
             # apply_rope: x cos + cat(-x2, x1) sin  ==  x cos + roll(x, H/2) * (sin with its
             # first half negated): the same products, one op fewer
             half = c.head_dim // 2
             self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+
+    def _pack(self, linears) -> tuple:
+        """(matrix, bias) of projections that read the same input, as one product: nn.Linear
+        weights concatenated and stored in the layout, or quantized layers (minillm.quant)
+        merged into one QuantLinear (its bias inside; layout "out_in" only)."""
+        if all(isinstance(lin, QuantLinear) for lin in linears):
+            if self.layout != "out_in":
+                raise ValueError(f"quantized projections run in layout 'out_in' only (their "
+                                 f"kernels read [out, in] codes); got layout {self.layout!r}")
+            return QuantLinear.cat(linears), None
+        if not all(isinstance(lin, torch.nn.Linear) for lin in linears):
+            raise ValueError(f"PackedDecoder packs nn.Linear or QuantLinear projections, got "
+                             f"{', '.join(type(lin).__name__ for lin in linears)}")
+        w = torch.cat([lin.weight for lin in linears])
+        b = torch.cat([lin.bias for lin in linears]) if linears[0].bias is not None else None
+        return self._store(w), b
 
     def _store(self, w_out_in: torch.Tensor) -> torch.Tensor:
         w = w_out_in.detach()
@@ -108,6 +124,8 @@ class PackedDecoder:
         return (w.t() if self.layout == "in_out" else w).contiguous()
 
     def _mm(self, x, w, b):
+        if isinstance(w, QuantLinear):
+            return w(x)
         if self.layout == "out_in":
             return F.linear(x, w, b)
         if self.layout == "onednn":

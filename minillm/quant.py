@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels import cpu_weight_only
 from kernels.formats import (  # noqa: F401
     absmax_quantize,
     dequantize,
@@ -43,6 +45,16 @@ from kernels.formats import (  # noqa: F401
     unpack_int4,
     zeropoint_quantize,
 )
+
+_SAID: set[str] = set()
+
+
+def _fallback_once(reason: str) -> None:
+    if reason not in _SAID:
+        _SAID.add(reason)
+        warnings.warn(f"QuantLinear dequantizes and multiplies on the CPU (no speed-up): {reason}",
+                      stacklevel=3)
+
 
 SCHEMES = ("int8", "int8-tensor", "int8-zp", "int4-g32", "int4-g64", "int4-g128", "int4-awq",
            "llm.int8")
@@ -115,8 +127,11 @@ class QuantLinear(nn.Module):
 
     input_scale (AWQ): the stored weight is W * diag(s); forward divides the input by s first,
     so y = (x / s) (W s)^T = x W^T up to the quantization error.
-    On CUDA the Triton fused dequant-matmul kernel is used (kernels/); elsewhere the weight is
-    dequantized and multiplied with torch (same result, no speed-up).
+    On CUDA the Triton fused dequant-matmul kernel runs (kernels/dequant_matmul.py); on a CPU,
+    torch's own packed kernels (kernels/cpu_weight_only.py), which read the codes and widen
+    them in registers with the activations rounded to bf16 (the "a16"). Where those are missing
+    (an older torch) or do not take the shape (int4: N a multiple of 16, G in 32..256), the
+    weight is dequantized and multiplied instead, with a warning the first time.
     """
 
     def __init__(self, in_features: int, out_features: int, bits: int, group_size: int = 64,
@@ -166,14 +181,42 @@ class QuantLinear(nn.Module):
             q.bias.copy_(linear.bias.detach().float())
         return q.to(linear.weight.device)
 
-    def dequantized_weight(self) -> torch.Tensor:
-        """The float32 weight this layer effectively multiplies by (input scaling undone)."""
+    @classmethod
+    @torch.no_grad()
+    def cat(cls, layers: list["QuantLinear"]) -> "QuantLinear":
+        """One layer whose outputs are those of `layers` side by side (q/k/v or gate/up as one
+        product): their rows stacked. They must share the input, bits and group size."""
+        first = layers[0]
+        for q in layers:
+            if not isinstance(q, QuantLinear):
+                raise ValueError(f"QuantLinear.cat takes QuantLinear layers, got "
+                                 f"{type(q).__name__}")
+            if (q.in_features, q.bits, q.group_size) != \
+                    (first.in_features, first.bits, first.group_size):
+                raise ValueError("QuantLinear.cat needs the same in_features, bits and group "
+                                 "size in every layer")
+            if q.input_scale is not None:
+                raise ValueError("QuantLinear.cat cannot stack AWQ layers: each divides its "
+                                 "input by its own scales")
+            if (q.bias is None) != (first.bias is None):
+                raise ValueError("QuantLinear.cat needs all layers biased or none")
+        out = cls(first.in_features, sum(q.out_features for q in layers), first.bits,
+                  first.group_size or 64, bias=first.bias is not None).to(first.qweight.device)
+        for name in ("qweight", "scales", "zeros", "bias"):
+            if getattr(out, name) is not None:
+                getattr(out, name).copy_(torch.cat([getattr(q, name) for q in layers]))
+        return out
+
+    def dequantized_weight(self, scaled: bool = True) -> torch.Tensor:
+        """The float32 weight this layer effectively multiplies by (with scaled=False, the stored
+        one, before an AWQ input scaling is undone)."""
         if self.bits == 8:
-            w = self.qweight.float() * self.scales[:, None]
+            w = self.qweight.float() * self.scales.float()[:, None]
         else:
-            w = dequantize(unpack_int4(self.qweight), self.scales, self.zeros, self.group_size)
-        if self.input_scale is not None:
-            w = w / self.input_scale[None, :]
+            w = dequantize(unpack_int4(self.qweight), self.scales.float(), self.zeros.float(),
+                           self.group_size)
+        if scaled and self.input_scale is not None:
+            w = w / self.input_scale.float()[None, :]
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -186,11 +229,30 @@ class QuantLinear(nn.Module):
                 return w8a16_matmul(x, self.qweight, self.scales, bias)
             return w4a16_matmul(x, self.qweight, self.scales, self.zeros, self.group_size, bias)
         if self.bits == 8:
-            w = self.qweight.to(x.dtype) * self.scales[:, None].to(x.dtype)
-        else:
-            w = dequantize(unpack_int4(self.qweight), self.scales, self.zeros,
-                           self.group_size).to(x.dtype)
-        return F.linear(x, w, bias)
+            if "int8" not in cpu_weight_only.missing():
+                return cpu_weight_only.w8_cpu_matmul(x, self.qweight, self.scales, bias)
+            _fallback_once("this torch has no int8 CPU kernel (_weight_int8pack_mm)")
+        elif (packed := self._w4_cpu()) is not None:
+            return cpu_weight_only.w4_cpu_matmul(x, packed, bias)
+        return F.linear(x, self.dequantized_weight(scaled=False).to(x.dtype), bias)
+
+    def _w4_cpu(self) -> cpu_weight_only.W4Packed | None:
+        """The codes in torch's int4 CPU layout (re-packed whenever they change), or None where
+        that kernel cannot run this layer (said once per reason)."""
+        if "int4" in cpu_weight_only.missing():
+            _fallback_once("this torch has no int4 CPU kernel (_weight_int4pack_mm_for_cpu)")
+            return None
+        if not cpu_weight_only.w4_supported(self.out_features, self.in_features,
+                                            self.group_size):
+            _fallback_once(f"torch's int4 CPU kernel needs out_features a multiple of 16 and "
+                           f"a group size in {cpu_weight_only.W4_GROUPS}; got "
+                           f"{self.out_features} and {self.group_size}")
+            return None
+        key = tuple((t.data_ptr(), t._version) for t in (self.qweight, self.scales, self.zeros))
+        if getattr(self, "_w4_cpu_cache", (None,))[0] != key:
+            self._w4_cpu_cache = (key, cpu_weight_only.pack_w4_cpu(
+                self.qweight, self.scales, self.zeros, self.group_size))
+        return self._w4_cpu_cache[1]
 
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.bits == 4 else ""

@@ -118,6 +118,16 @@ def test_bench_decode_times_both_formats_and_names_a_bad_one(run):
     assert bad.returncode == 2 and "int3" in bad.stderr
 
 
+def test_bench_quant_cli_json(run):
+    out = json.loads(run("bench", "quant", "--new-tokens", "8", "--repeats", "1", "--threads",
+                         "1", "--json").stdout)
+    for key in ("fp32_tok_s", "bf16_tok_s", "int8_tok_s", "int4_tok_s", "int8_vs_fp32",
+                "int4_vs_fp32", "model_bytes", "tokens_match", "read_gb_s"):
+        assert key in out, key
+    assert out["model_bytes"]["int8"] == 13_820_160 and out["model_bytes"]["int4"] == 9_127_680
+    assert out["prompt_len"] == 32 and out["threads"] == 1
+
+
 def test_bench_batching_json(run):
     r = json.loads(run("bench", "batching", "--model", "draft", "--requests", "12",
                        "--max-batch", "4", "--json").stdout)
@@ -135,6 +145,8 @@ def test_bench_batching_json(run):
 @pytest.mark.parametrize("args, message", [
     (["bench", "decode", "--prompt-len", "500", "--new-tokens", "100"], "context"),
     (["bench", "decode", "--new-tokens", "0"], ">= 1"),
+    (["bench", "quant", "--new-tokens", "1"], "new_tokens must be >= 2"),
+    (["bench", "quant", "--model", "draft"], "mlp.down_proj (352 -> 128)"),
     (["generate", "Hi", "--temperature", "-1"], "temperature"),
     (["generate", "Hi", "--top-p", "0"], "top_p"),
     (["generate", "Hi", "--top-k", "-2"], "top_k"),
@@ -170,7 +182,7 @@ def test_every_model_command_shares_model_json_and_threads(run):
     from minillm.cli import build_parser
     p = build_parser()
     for cmd in (["generate", "x"], ["eval", "ppl"], ["eval", "kv-variants"], ["bench", "decode"],
-                ["bench", "speculative"], ["bench", "batching"]):
+                ["bench", "quant"], ["bench", "speculative"], ["bench", "batching"]):
         a = p.parse_args(cmd + ["--model", "draft", "--json", "--threads", "2"])
         assert (a.model, a.json, a.threads) == ("draft", True, 2), cmd
     assert p.parse_args(["bench", "batching"]).threads is None      # cmd_bench_batching: 1

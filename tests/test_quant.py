@@ -1,9 +1,13 @@
 """Weight quantization schemes, QuantLinear, LLM.int8() and AWQ (lab 04's library)."""
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
 
 import minillm
+from kernels import cpu_weight_only
+from minillm import quant
 from minillm.config import ModelConfig
 from minillm.model import Transformer
 from minillm.quant import (
@@ -72,17 +76,56 @@ def test_pack_int4_layout_and_round_trip():
         pack_int4(c + 16)
 
 
+# [out, in] of every product the shipped target runs: q/k/v/o, gate/up/down, and the packed
+# decoders' q+k+v and gate+up
+SHIPPED_SHAPES = [(384, 384), (1024, 384), (384, 1024), (1152, 384), (2048, 384)]
+
+
 @pytest.mark.parametrize("bits", [8, 4])
-def test_quant_linear_matches_its_dequantized_weight(bits):
-    lin = nn.Linear(128, 40, bias=True)
-    q = QuantLinear.from_linear(lin, bits, group_size=32)
-    x = rand(3, 5, 128)
-    torch.testing.assert_close(q(x), x @ q.dequantized_weight().T + lin.bias, atol=1e-4,
-                               rtol=1e-4)
-    rel = (q.dequantized_weight() - lin.weight).norm() / lin.weight.norm()
+@pytest.mark.parametrize("shape", SHIPPED_SHAPES)
+def test_quant_linear_runs_torchs_cpu_kernel_within_the_bf16_bound(bits, shape):
+    N, K = shape
+    lin = nn.Linear(K, N, bias=True)
+    q = QuantLinear.from_linear(lin, bits, group_size=64)
+    x = rand(3, 5, K)
+    w = q.dequantized_weight()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # no fallback on these shapes
+        got = q(x)
+    ref = x @ w.T + lin.bias
+    bound = cpu_weight_only.BF16_ERROR * (x.abs() @ w.abs().T + lin.bias.abs())
+    assert got.dtype == x.dtype and bool(((got - ref).abs() <= bound).all()), \
+        float(((got - ref).abs() / bound).max())
+    assert (got - ref).abs().max() > 0               # bf16 activations: the kernel ran
+    rel = (w - lin.weight).norm() / lin.weight.norm()
     assert rel < (0.01 if bits == 8 else 0.15)
     assert q.qweight.dtype == (torch.int8 if bits == 8 else torch.uint8)
-    assert q.qweight.numel() == 128 * 40 // (1 if bits == 8 else 2)
+    assert q.qweight.numel() == N * K // (1 if bits == 8 else 2)
+
+
+def test_quant_linear_int4_repacks_when_its_codes_change():
+    q = QuantLinear.from_linear(nn.Linear(128, 32, bias=False), 4, group_size=64)
+    x = rand(2, 128)
+    before = q(x)
+    q.qweight.copy_(pack_int4(torch.randint(0, 16, (32, 128), dtype=torch.uint8)))
+    after = q(x)
+    bound = cpu_weight_only.BF16_ERROR * (x.abs() @ q.dequantized_weight().abs().T)
+    assert not torch.allclose(before, after)
+    assert bool(((after - x @ q.dequantized_weight().T).abs() <= bound).all())
+
+
+def test_quant_linear_falls_back_exactly_where_the_int4_kernel_cannot_run():
+    lin = nn.Linear(128, 40, bias=True)                 # 40 outputs: not a multiple of 16
+    q = QuantLinear.from_linear(lin, 4, group_size=32)
+    x = rand(3, 5, 128)
+    quant._SAID.clear()
+    with pytest.warns(UserWarning, match="multiple of 16"):
+        got = q(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # said once
+        q(x)
+    torch.testing.assert_close(got, x @ q.dequantized_weight().T + lin.bias, atol=1e-4,
+                               rtol=1e-4)
 
 
 def test_quant_linear_errors():
