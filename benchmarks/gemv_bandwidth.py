@@ -10,8 +10,9 @@ int4 without it, since the quantized models keep it in bf16), with:
 
 * `read`: `buf.sum()` over a buffer of the same bytes (codes, scales and zeros included);
 * `generated`: the product `minillm.compiled_decode.gemv` uses, compiled as the decode step
-  compiles it (fp32: the BLAS; bf16 and int8: a loop Inductor generates that widens each weight
-  in registers; int4: torch's int4 CPU kernel);
+  compiles it (fp32: `torch.mv`, which Inductor generates as a loop of its own; bf16 and int8:
+  a loop Inductor generates that widens each weight in registers; int4: torch's int4 CPU
+  kernel);
 * fp32 and bf16 `blas`: x @ W with [in, out] weights (MKL for fp32, oneDNN's matmul for bf16);
   bf16 `onednn`: oneDNN's inner product on weights packed for it;
 * int8 `torch_kernel`: torch's `_weight_int8pack_mm` (kernels/cpu_weight_only.py, what

@@ -12,8 +12,8 @@ it takes longer, for two reasons the packed step (`minillm.fast_decode`) cannot 
 `torch.compile` (Inductor), which fuses every elementwise op into its neighbours and generates the
 bf16 matrix-vector product as a loop that loads each weight once, widens it to fp32 in registers
 and multiply-accumulates (the fused upcast a Triton GEMV does on a GPU, lab 04). fp32 weights keep
-the BLAS product (`torch.mv`, which Inductor calls directly). Activations stay fp32 throughout;
-keys and values are stored in the cache's dtype.
+`torch.mv`, which Inductor also turns into a loop of its own (as fast as the BLAS here).
+Activations stay fp32 throughout; keys and values are stored in the cache's dtype.
 
 Three details make the compiled step fast rather than slow:
 * it runs under `torch.no_grad()`: otherwise Inductor also builds a backward graph;
@@ -76,9 +76,9 @@ def step_matrix(w):
 def gemv(x: torch.Tensor, w) -> torch.Tensor:
     """x [in] (fp32) times w [out, in] -> [out] (fp32): each weight read once.
 
-    fp32: the BLAS product. bf16 and int8: a loop Inductor generates, which loads each weight,
-    widens it to fp32 in registers and multiply-adds (int8: the row's scale applied once, at the
-    end). int4: torch's int4 CPU kernel (bf16 activations), because Inductor's loop over groups
+    fp32: torch.mv, which Inductor generates into the step's own loops (as fast as the BLAS
+    here). bf16 and int8: a loop Inductor generates, which loads each weight, widens it to fp32
+    in registers and multiply-adds (int8: the row's scale applied once, at the end). int4: torch's int4 CPU kernel (bf16 activations), because Inductor's loop over groups
     of packed nibbles is several times slower (benchmarks/gemv_bandwidth.py measures them all)."""
     if isinstance(w, cpu_weight_only.W4Packed):
         return cpu_weight_only.w4_cpu_matmul(x[None], w)[0]
