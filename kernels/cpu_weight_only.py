@@ -1,7 +1,7 @@
 """PyTorch's own CPU kernels for weight-only quantized layers, fed the course's formats.
 
 The Triton kernels (dequant_matmul.py) are the GPU's way to read 8- or 4-bit weights and widen
-them in registers. On a CPU, PyTorch ships two such kernels (the ones gpt-fast and torchao call):
+them in registers. On a CPU, PyTorch ships two such kernels:
 
     aten._weight_int8pack_mm(x [M, K], w int8 [N, K], scales [N]) -> [M, N]
         W[n, k] = w[n, k] * scales[n]                      (our w8a16 format as it is)
@@ -9,8 +9,8 @@ them in registers. On a CPU, PyTorch ships two such kernels (the ones gpt-fast a
     aten._weight_int4pack_mm_for_cpu(x [M, K], packed, G, scale_and_zero [K / G, N, 2]) -> [M, N]
         W[n, k] = (q[n, k] - 8) * scale[k // G, n] + zero[k // G, n]
 
-Both want bf16 activations (and scales): with fp32 ones the int8 kernel takes a path measured
-about ten times slower. So the activations are rounded to bf16 on the way in -- the "a16" of
+Both want bf16 activations (and scales): with fp32 ones the int8 kernel takes a much slower
+path. So the activations are rounded to bf16 on the way in -- the "a16" of
 w8a16 -- and the output goes back to x's dtype. Our w4 format stores W = (q - z) * s, which is
 torch's with zero = (8 - z) * s. The int4 kernel takes N a multiple of 16 and G in 32, 64, 128,
 256; `w4_supported` says whether a layer fits, and `missing()` which kernels this torch lacks

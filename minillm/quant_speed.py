@@ -11,8 +11,8 @@ same process, the decode steps timed interleaved (medians over `repeats` rounds 
   int4   bf16 model, the same layers int4 with a scale and zero per group of 64 inputs
 
 Each runs minillm's fastest batch-1 step, `CompiledDecoder` (one compiled function per format):
-fp32 through the BLAS, bf16 and int8 through the product Inductor generates, int4 through
-torch's int4 CPU kernel (`minillm.compiled_decode.gemv` says why). The embedding, the norms and
+fp32, bf16 and int8 through products Inductor generates (for fp32 from `torch.mv`), int4
+through torch's int4 CPU kernel (`minillm.compiled_decode.gemv` says why). The embedding, the norms and
 lm_head of the quantized models stay bf16, as quantize_model leaves them.
 
 Reported: `<fmt>_tok_s` (decode steps from a prefilled cache, as `bench decode`'s
