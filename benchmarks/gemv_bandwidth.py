@@ -33,6 +33,7 @@ import torch
 
 import minillm
 from kernels import cpu_weight_only
+from minillm.bandwidth import nbytes
 from minillm.compiled_decode import INDUCTOR_OPTIONS, Int8Rows, gemv, step_matrix
 from minillm.fast_decode import PackedDecoder
 from minillm.quant_speed import model_formats
@@ -54,10 +55,6 @@ def shape(w) -> tuple[int, int]:
     if isinstance(w, cpu_weight_only.W4Packed):
         return w.N, w.K
     return tuple(w.shape)
-
-
-def nbytes(w) -> int:
-    return sum(t.nbytes for t in w) if isinstance(w, Int8Rows) else w.nbytes
 
 
 def int4_loop(x, packed, scales, scaled_zeros):

@@ -66,11 +66,11 @@ def step_matrix(w):
                          f"input scale, no bias); got {w!r}")
     if w.bits == 8:
         return Int8Rows(w.qweight, w.scales.float())
-    if "int4" in cpu_weight_only.missing() or \
-            not cpu_weight_only.w4_supported(w.out_features, w.in_features, w.group_size):
+    packed = w.w4_cpu_layout()
+    if packed is None:
         raise ValueError(f"CompiledDecoder needs torch's int4 CPU kernel for {w!r}: N a multiple "
                          f"of 16, a group size in {cpu_weight_only.W4_GROUPS}")
-    return cpu_weight_only.pack_w4_cpu(w.qweight, w.scales, w.zeros, w.group_size)
+    return packed
 
 
 def gemv(x: torch.Tensor, w) -> torch.Tensor:

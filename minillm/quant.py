@@ -232,13 +232,13 @@ class QuantLinear(nn.Module):
             if "int8" not in cpu_weight_only.missing():
                 return cpu_weight_only.w8_cpu_matmul(x, self.qweight, self.scales, bias)
             _fallback_once("this torch has no int8 CPU kernel (_weight_int8pack_mm)")
-        elif (packed := self._w4_cpu()) is not None:
+        elif (packed := self.w4_cpu_layout()) is not None:
             return cpu_weight_only.w4_cpu_matmul(x, packed, bias)
         return F.linear(x, self.dequantized_weight(scaled=False).to(x.dtype), bias)
 
-    def _w4_cpu(self) -> cpu_weight_only.W4Packed | None:
-        """The codes in torch's int4 CPU layout (re-packed whenever they change), or None where
-        that kernel cannot run this layer (said once per reason)."""
+    def w4_cpu_layout(self) -> cpu_weight_only.W4Packed | None:
+        """An int4 layer's codes in torch's int4 CPU layout (re-packed whenever they change), or
+        None where that kernel cannot run this layer (said once per reason)."""
         if "int4" in cpu_weight_only.missing():
             _fallback_once("this torch has no int4 CPU kernel (_weight_int4pack_mm_for_cpu)")
             return None

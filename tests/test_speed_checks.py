@@ -116,6 +116,32 @@ def test_lab07_delegating_to_the_references_shared_core_fails():
             check.check(attack, *check.fixture())
 
 
+def test_lab04_a_layer_that_remembers_its_answer_fails():
+    """A trick thought of while writing lab 04's check: answer the first (checked) call
+    correctly, then return the same tensor on every timed call, which costs nothing. Each timed
+    call now gets a fresh input and every output is checked afterwards."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from kernels.formats import dequantize, group_quantize_int4
+
+    class Remembers(nn.Module):
+        def __init__(self, linear, group_size):
+            super().__init__()
+            self.w = dequantize(*group_quantize_int4(linear.weight.detach(), group_size),
+                                group_size)
+            self.answer = None
+
+        def forward(self, x):
+            if self.answer is None:
+                self.answer = F.linear(x, self.w)
+            return self.answer
+
+    check = CHECKS["lab04"]
+    with pytest.raises(AssertionError, match="output is off"):
+        check.check(Remembers, *check.fixture(), guarded=False)
+
+
 def test_every_lab_with_a_speed_test_has_a_check():
     names = [m.__name__.rsplit(".", 1)[-1] for m in lab_modules()]
     assert names == sorted(names) and all(n[:3] == "lab" for n in names)

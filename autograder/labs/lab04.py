@@ -45,7 +45,7 @@ GROUP = 64
 THRESHOLD = 1.2           # required time(fp32 layer) / time(student's int4 layer)
 WARMUP, REPEATS = 2, 9
 LIBRARY = ("minillm.quant.QuantLinear.from_linear", "minillm.quant.QuantLinear.forward",
-           "minillm.quant.QuantLinear._w4_cpu", "kernels.cpu_weight_only.pack_w4_cpu",
+           "minillm.quant.QuantLinear.w4_cpu_layout", "kernels.cpu_weight_only.pack_w4_cpu",
            "kernels.cpu_weight_only.w4_cpu_matmul", "kernels.cpu_weight_only.w8_cpu_matmul")
 
 # captured at import (the grader imports autograder before student code runs)
