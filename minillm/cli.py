@@ -12,6 +12,10 @@
     minillm bench quant [--model NAME|PATH] [--prompt-len P --new-tokens N --group-size G] --json
     minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] --json
     minillm bench batching [--requests N --rate R --seed S --max-batch B] --json
+    minillm serve [--model NAME|PATH --host H --port P --max-num-seqs N --kv-blocks K
+                   --max-batched-tokens T --backend B]     (OpenAI-compatible HTTP server)
+    minillm bench serve [--url URL] [--rates 2,4,8,16 --requests N --duration S --chunk T
+                        --long-prompt-len L --long-every K --rounds R] --json
     minillm train ...            (same as python -m minillm.train)
 
 Commands that print figures share --json (one JSON object on stdout); those that run a model
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -204,6 +209,195 @@ def cmd_bench_batching(a) -> int:
         f"{r['continuous_ttft_p50_s']:.2f} s"))
 
 
+def cmd_serve(a) -> int:
+    from .serving.server import serve
+    model, tok = _load(a.model)
+    if a.device == "cuda":
+        model = model.to("cuda")
+    serve(model, tok, a.model, host=a.host, port=a.port, max_num_seqs=a.max_num_seqs,
+          kv_blocks=a.kv_blocks, block_size=a.block_size,
+          max_batched_tokens=a.max_batched_tokens, backend=a.backend,
+          on_ready=lambda msg: print(msg, flush=True))
+    return 0
+
+
+# the figures of a load_test summary that `bench serve` takes the median of across rounds
+_SERVE_KEYS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s",
+               "throughput_tok_s")
+
+
+def _parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(r) for r in text.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise ValueError(f"--rates takes a comma-separated list of request rates > 0 (requests "
+                         f"per second), e.g. 2,4,8; got {text!r}")
+    return rates
+
+
+def _probe_server(url: str) -> tuple[str, int]:
+    """(model id, context) of the OpenAI-style server at `url`, or a ValueError saying why not."""
+    import httpx
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--url must start with http:// or https://, got {url!r}")
+    url = url.rstrip("/")
+    try:
+        health = httpx.get(url + "/health", timeout=5.0)
+        models = httpx.get(url + "/v1/models", timeout=5.0)
+        models.raise_for_status()
+        info = models.json()["data"][0]
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot reach a minillm server at {url} ({type(e).__name__}: {e}); "
+                         f"start one with `minillm serve --port 0`, or leave out --url to let "
+                         f"the bench start its own") from e
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise ValueError(f"{url}/v1/models did not answer like an OpenAI-compatible server: "
+                         f"{e!r}") from e
+    if health.status_code != 200:
+        raise ValueError(f"the server at {url} is not healthy: GET /health answered "
+                         f"{health.status_code} {health.text[:200]!r}")
+    return info["id"], int(info.get("max_model_len") or 0)
+
+
+def _median_summary(runs: list[dict]) -> dict:
+    """Median of each latency figure across rounds; completed and errors summed."""
+    import statistics
+    out = {"completed": sum(r["completed"] for r in runs),
+           "requests": sum(r["requests"] for r in runs),
+           "errors": sum(r["errors"] for r in runs)}
+    for k in _SERVE_KEYS:
+        xs = [r[k] for r in runs if k in r]
+        out[k] = statistics.median(xs) if xs else None
+    return out
+
+
+def cmd_bench_serve(a) -> int:
+    from .serving.load_gen import Workload, load_test
+    rates = _parse_rates(a.rates)
+    for name in ("requests", "prompt_len", "max_tokens", "max_num_seqs", "long_prompt_len",
+                 "long_every", "chunk", "rounds"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if not a.duration > 0 or not a.chunk_rate > 0:
+        raise ValueError(f"--duration and --chunk-rate must be > 0, got {a.duration} and "
+                         f"{a.chunk_rate}")
+    if a.url is None and a.chunk < a.max_num_seqs:
+        raise ValueError(f"--chunk {a.chunk} must be >= --max-num-seqs {a.max_num_seqs}: a "
+                         f"chunked step first gives each running sequence its decode token")
+    url = served = None
+    if a.url is not None:                    # someone else's server: the sweep only
+        url = a.url.rstrip("/")
+        served, ctx = _probe_server(url)
+    import minillm
+
+    from .data import load_tokens
+    tok = minillm.load_tokenizer(a.model)    # with --url: only the prompts' tokenizer
+    ids = load_tokens(tok, "val").tolist()
+    model = None
+    if url is None:
+        model = minillm.load(a.model)
+        ctx = model.config.max_seq_len
+    if ctx and a.prompt_len + a.max_tokens > ctx:
+        raise ValueError(f"--prompt-len {a.prompt_len} + --max-tokens {a.max_tokens} exceeds the "
+                         f"model's context of {ctx} tokens")
+    if url is None and a.long_prompt_len + 1 > ctx:
+        raise ValueError(f"--long-prompt-len {a.long_prompt_len} + 1 output token exceeds the "
+                         f"model's context of {ctx} tokens")
+
+    def workload(rate, seed, long=False, **kw):
+        return Workload(**{**dict(rate=rate, num_requests=a.requests, prompt_len=a.prompt_len,
+                                  max_tokens=a.max_tokens, seed=seed, timeout_s=a.duration,
+                                  long_prompt_len=a.long_prompt_len if long else None,
+                                  long_every=a.long_every), **kw})
+
+    threads = None if url else (1 if a.threads is None else a.threads)
+    settings = {"rates": rates, "requests": a.requests, "prompt_len": a.prompt_len,
+                "max_tokens": a.max_tokens, "duration_s": a.duration, "seed": a.seed,
+                "max_num_seqs": None if url else a.max_num_seqs}
+    result = {"model": served or a.model, "url": url, "threads": threads, "settings": settings}
+    if url is not None:
+        result["sweep"] = [load_test(url, served, workload(r, a.seed), ids) for r in rates]
+        result["chunked"] = None
+        return _report(a, result, _bench_serve_text)
+
+    from .serving.server import BackgroundServer
+    settings.update(long_prompt_len=a.long_prompt_len, long_every=a.long_every, chunk=a.chunk,
+                    chunk_rate=a.chunk_rate, rounds=a.rounds)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    servers = {}
+    try:
+        for name, budget in (("unchunked", None), ("chunked", a.chunk)):
+            srv = servers[name] = BackgroundServer(model, tok, a.model,
+                                                   max_num_seqs=a.max_num_seqs,
+                                                   max_batched_tokens=budget)
+            # warm-up, untimed: a short and a long prompt through the fresh engine
+            load_test(srv.url, a.model, workload(50.0, a.seed, long=True, num_requests=2,
+                                                 long_every=2, max_tokens=2), ids)
+        # (1) the rate sweep: one server, whole-prompt prefill, the short workload
+        result["sweep"] = [load_test(servers["unchunked"].url, a.model, workload(r, a.seed), ids)
+                           for r in rates]
+        # (2) chunked prefill under long prompts: both servers up, runs interleaved (ABBA...)
+        runs = {"unchunked": [], "chunked": []}
+        for i in range(a.rounds):
+            w = workload(a.chunk_rate, a.seed + i, long=True)
+            order = ("unchunked", "chunked") if i % 2 == 0 else ("chunked", "unchunked")
+            for name in order:
+                runs[name].append(load_test(servers[name].url, a.model, w, ids))
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        torch.set_num_threads(old_threads)
+    med = {name: _median_summary(rs) for name, rs in runs.items()}
+
+    def ratio(k):
+        u, c = med["unchunked"][k], med["chunked"][k]
+        return u / c if u is not None and c else None
+    result["chunked"] = {
+        "rate": a.chunk_rate, "rounds": a.rounds, "chunk": a.chunk,
+        "long_prompt_len": a.long_prompt_len, "long_every": a.long_every, **med,
+        "itl_p99_ratio": ratio("itl_p99_s"), "tpot_p99_ratio": ratio("tpot_p99_s"),
+        "ttft_p99_ratio": ratio("ttft_p99_s"), "runs": runs}
+    return _report(a, result, _bench_serve_text)
+
+
+def _bench_serve_text(r: dict) -> str:
+    def f(v, fmt=".3f"):
+        return "-" if v is None else format(v, fmt)
+    s = r["settings"]
+    where = r["url"] or f"its own servers on loopback, {r['threads']} torch thread(s), " \
+                        f"max_num_seqs {s['max_num_seqs']}"
+    lines = [f"bench serve: {r['model']} at {where}",
+             f"rate sweep ({s['requests']} requests per rate, {s['prompt_len']}-token prompts, "
+             f"{s['max_tokens']} tokens out):",
+             f"{'req/s':>7}{'done':>7}{'errors':>7}{'tok/s':>8}{'TTFT p50':>10}{'p99':>8}"
+             f"{'TPOT p50':>10}{'p99':>8}{'ITL p99':>9}  (seconds)"]
+    for x in r["sweep"]:
+        lines.append(f"{x['rate']:>7g}{x['completed']:>4}/{x['requests']:<2}{x['errors']:>7}"
+                     f"{f(x.get('throughput_tok_s'), '.1f'):>8}{f(x.get('ttft_p50_s')):>10}"
+                     f"{f(x.get('ttft_p99_s')):>8}{f(x.get('tpot_p50_s')):>10}"
+                     f"{f(x.get('tpot_p99_s')):>8}{f(x.get('itl_p99_s')):>9}")
+        if x["errors"]:
+            lines.append(f"{'':>7}errors: {'; '.join(x['error_examples'])}")
+    c = r["chunked"]
+    if c is not None:
+        lines += [f"chunked prefill at {c['rate']:g} req/s, 1 prompt in {c['long_every']} of "
+                  f"{c['long_prompt_len']} tokens (1 out), medians of {c['rounds']} interleaved "
+                  f"rounds (short requests only):",
+                  f"{'':>16}{'TTFT p50':>10}{'p99':>8}{'TPOT p50':>10}{'p99':>8}{'ITL p50':>9}"
+                  f"{'p99':>8}{'errors':>8}"]
+        for name, label in (("unchunked", "whole prompts"), ("chunked", f"chunks of {c['chunk']}")):
+            m = c[name]
+            lines.append(f"{label:>16}{f(m['ttft_p50_s']):>10}{f(m['ttft_p99_s']):>8}"
+                         f"{f(m['tpot_p50_s']):>10}{f(m['tpot_p99_s']):>8}{f(m['itl_p50_s']):>9}"
+                         f"{f(m['itl_p99_s']):>8}{m['errors']:>8}")
+        lines.append(f"whole / chunked: ITL p99 {f(c['itl_p99_ratio'], '.2f')}x, TPOT p99 "
+                     f"{f(c['tpot_p99_ratio'], '.2f')}x, TTFT p99 {f(c['ttft_p99_ratio'], '.2f')}x")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minillm", description="tiny LLM inference stack")
     sub = p.add_subparsers(dest="command", required=True)
@@ -297,6 +491,48 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--max-batch", type=int, default=32, help="batch limit of both servers")
     bb.add_argument("--block-size", type=int, default=16, help="KV block size (continuous)")
     bb.set_defaults(func=cmd_bench_batching)     # without --threads: both servers on 1 thread
+
+    bv = bsub.add_parser("serve", parents=[run], help="request-rate sweep and chunked vs whole "
+                         "prefill over real HTTP (open-loop Poisson load, minillm/serving/"
+                         "load_gen.py)")
+    bv.add_argument("--url", default=None, help="a running server (minillm serve) to sweep; "
+                    "without it the bench starts its own on loopback and also compares chunked "
+                    "prefill. With --url, --model only names the prompts' tokenizer")
+    bv.add_argument("--rates", default="2,4,8,16", help="request rates of the sweep (req/s)")
+    bv.add_argument("--requests", type=int, default=24, help="requests per run")
+    bv.add_argument("--prompt-len", type=int, default=16, help="tokens of each short prompt")
+    bv.add_argument("--max-tokens", type=int, default=48, help="tokens out per short prompt")
+    bv.add_argument("--max-num-seqs", type=int, default=16, help="batch limit of its servers")
+    bv.add_argument("--duration", type=float, default=60.0,
+                    help="seconds each run may take; requests unfinished by then are errors")
+    bv.add_argument("--long-prompt-len", type=int, default=448,
+                    help="tokens of the long prompts of the chunked-prefill comparison")
+    bv.add_argument("--long-every", type=int, default=4, help="every n-th request is long")
+    bv.add_argument("--chunk", type=int, default=64,
+                    help="token budget per step of the chunked server (max_batched_tokens)")
+    bv.add_argument("--chunk-rate", type=float, default=8.0,
+                    help="request rate of the chunked-prefill comparison")
+    bv.add_argument("--rounds", type=int, default=3,
+                    help="interleaved runs of each config in the comparison (medians reported)")
+    bv.add_argument("--seed", type=int, default=0)
+    bv.set_defaults(func=cmd_bench_serve)        # without --threads: its servers on 1 thread
+
+    sv = sub.add_parser("serve", parents=[run], help="OpenAI-compatible HTTP server over the "
+                        "continuous-batching engine (minillm/serving/server.py)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
+    sv.add_argument("--max-num-seqs", type=int, default=16, help="batch limit (sequences)")
+    sv.add_argument("--kv-blocks", type=int, default=None,
+                    help="KV cache blocks (default: max-num-seqs full contexts)")
+    sv.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    sv.add_argument("--max-batched-tokens", type=int, default=None,
+                    help="token budget per step; turns on chunked prefill (default: whole "
+                         "prompts, no chunking)")
+    sv.add_argument("--backend", default="auto", help="attention backend: auto, torch, triton, "
+                    "triton-split")
+    sv.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    choices=["cpu", "cuda"])
+    sv.set_defaults(func=cmd_serve)
 
     t = sub.add_parser("train", help="train the tokenizer or a model (see python -m minillm.train)",
                        add_help=False)

@@ -234,12 +234,15 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())   # tied weights are counted once
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, cache=None,
-                last_only: bool = False) -> torch.Tensor:
-        """ids [B, T] -> logits [B, T, V] (or [B, 1, V] with last_only).
+                last_only: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [B, T] -> logits [B, T, V] (or [B, 1, V] with last_only, [B, len(rows), V] with
+        rows: the LM head runs only on those positions along T).
 
         positions: [T] or [B, T] absolute positions of the ids; default 0..T-1, or, with a cache
         that tracks its length (``cache.seq_len``), the positions right after what it holds.
         """
+        if last_only and rows is not None:
+            raise ValueError("give last_only or rows, not both")
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape [batch, seq_len], got {tuple(ids.shape)}")
         B, T = ids.shape
@@ -264,4 +267,6 @@ class Transformer(nn.Module):
         h = self.norm(h)
         if last_only:
             h = h[:, -1:]
+        elif rows is not None:
+            h = h[:, rows]
         return self.lm_head(h)

@@ -142,6 +142,52 @@ def test_bench_batching_json(run):
     assert p.returncode == 2 and "num_requests must be >= 1" in p.stderr
 
 
+def test_bench_serve_json(run):
+    """Its own servers on loopback: the rate sweep and the interleaved chunked comparison, every
+    request answered over HTTP (tiny settings: a few seconds)."""
+    for name in ("fastapi", "uvicorn", "httpx"):
+        pytest.importorskip(name)
+    r = json.loads(run("bench", "serve", "--model", "draft", "--rates", "20,40", "--requests",
+                       "4", "--prompt-len", "8", "--max-tokens", "4", "--long-prompt-len", "40",
+                       "--long-every", "2", "--chunk", "16", "--chunk-rate", "20", "--rounds",
+                       "2", "--json").stdout)
+    assert r["url"] is None and r["threads"] == 1 and r["settings"]["rates"] == [20.0, 40.0]
+    assert [x["rate"] for x in r["sweep"]] == [20.0, 40.0]
+    for x in r["sweep"]:
+        assert x["completed"] == x["requests"] == 4 and x["errors"] == 0, x
+        for key in ("throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                    "itl_p99_s"):
+            assert x[key] > 0, key
+    c = r["chunked"]
+    assert (c["rate"], c["rounds"], c["chunk"], c["long_prompt_len"]) == (20.0, 2, 16, 40)
+    for name in ("unchunked", "chunked"):
+        assert c[name]["completed"] == c[name]["requests"] == 8 and c[name]["errors"] == 0
+        assert len(c["runs"][name]) == 2
+        for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s",
+                    "itl_p99_s"):
+            assert c[name][key] > 0, (name, key)
+    assert c["itl_p99_ratio"] == pytest.approx(c["unchunked"]["itl_p99_s"]
+                                               / c["chunked"]["itl_p99_s"])
+    assert c["tpot_p99_ratio"] == pytest.approx(c["unchunked"]["tpot_p99_s"]
+                                                / c["chunked"]["tpot_p99_s"])
+
+
+def test_bench_serve_names_an_unreachable_url_and_bad_options(run):
+    pytest.importorskip("httpx")
+    p = run("bench", "serve", "--url", "http://127.0.0.1:1", ok=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "cannot reach a minillm server at http://127.0.0.1:1" in p.stderr
+    for args, message in ((["--rates", "2,x"], "--rates takes a comma-separated list"),
+                          (["--rates", "0"], "request rates > 0"),
+                          (["--requests", "0"], "--requests must be >= 1"),
+                          (["--chunk", "0"], "--chunk must be >= 1"),
+                          (["--chunk", "8"], "--chunk 8 must be >= --max-num-seqs 16"),
+                          (["--url", "localhost:8000"], "--url must start with http://"),
+                          (["--max-tokens", "600"], "context of 512 tokens")):
+        p = run("bench", "serve", "--model", "draft", *args, ok=False)
+        assert p.returncode == 2 and message in p.stderr, (args, p.stderr)
+
+
 @pytest.mark.parametrize("args, message", [
     (["bench", "decode", "--prompt-len", "500", "--new-tokens", "100"], "context"),
     (["bench", "decode", "--new-tokens", "0"], ">= 1"),
@@ -182,7 +228,8 @@ def test_every_model_command_shares_model_json_and_threads(run):
     from minillm.cli import build_parser
     p = build_parser()
     for cmd in (["generate", "x"], ["eval", "ppl"], ["eval", "kv-variants"], ["bench", "decode"],
-                ["bench", "quant"], ["bench", "speculative"], ["bench", "batching"]):
+                ["bench", "quant"], ["bench", "speculative"], ["bench", "batching"],
+                ["bench", "serve"]):
         a = p.parse_args(cmd + ["--model", "draft", "--json", "--threads", "2"])
         assert (a.model, a.json, a.threads) == ("draft", True, 2), cmd
     assert p.parse_args(["bench", "batching"]).threads is None      # cmd_bench_batching: 1

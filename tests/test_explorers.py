@@ -1,4 +1,5 @@
-"""The napkin explorer (minillm/explorers.py) and the measured-roofline helpers of roofline.py.
+"""The explorers (minillm/explorers/: napkin, speculative, serving) and the measured-roofline
+helpers of roofline.py.
 
 The explorer must show exactly what `minillm.roofline.napkin` says for the model, GPU and
 workload its controls describe, redraw when a control moves, and turn impossible shapes into a
@@ -8,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import time
 
 import pytest
 
@@ -292,3 +294,104 @@ def test_speculative_explorer_set_and_measured_points():
         speculative_explorer(measured=[{"speedup": 2.0}])
     big = speculative_explorer(k=3, measured=[{"k": 20, "speedup": 1.0}])
     assert big.controls["k"].max == 20                         # the slider reaches every point
+
+
+# ---- lab 06: the serving explorer over a live server ------------------------------------------
+
+@pytest.fixture(scope="module")
+def live():
+    """A BackgroundServer on the shipped target model, validation-text token ids, and one
+    explorer over them (calibrated once: bursts of 1, 2, 4, 8)."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
+    import minillm
+    import minillm.data
+    from minillm.explorers import serve_explorer
+    from minillm.serving.server import BackgroundServer
+    model, tok = minillm.load("target"), minillm.load_tokenizer("target")
+    ids = minillm.data.load_tokens(tok, "val").tolist()
+    srv = BackgroundServer(model, tok, "target", max_num_seqs=8)
+    try:
+        ex = serve_explorer(srv, ids, rate=8, max_batch=4, max_batch_slider=8)
+        yield srv, ids, ex
+    finally:
+        srv.stop()
+
+
+def _ms(x):
+    return f"{1e3 * x:.1f}"
+
+
+def test_serve_explorer_measures_and_follows_the_rate(live):
+    from minillm.explorers import SERVE_PLOT_CLASS, SERVE_READOUT_CLASS
+    srv, _ids, ex = live
+    assert SERVE_READOUT_CLASS in ex.readout._dom_classes
+    assert SERVE_PLOT_CLASS in ex.plot._dom_classes
+    assert list(ex.controls) == ["rate", "max_batch"]          # the browser test moves the first
+    assert all(not w.continuous_update for w in ex.controls.values())
+    cal = ex.calibration
+    assert cal["batches"][0] == 1 and all(t > 0 for t in cal["step_s"]) and cal["ttft0_s"] > 0
+    if ex.state["rate"] != 8.0:
+        ex.set(rate=8, max_batch=4)
+    first, html_before, png_before = ex.state["measured"], ex.readout.value, ex.state["png"]
+    assert ex.state["error"] is None
+    assert first["completed"] == first["requests"] == ex.num_requests and first["errors"] == 0
+    assert first["output_tokens"] == ex.num_requests * ex.max_tokens
+    for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
+        assert _ms(first[key]) in ex.readout.value, key
+    assert f"{first['throughput_tok_s']:.1f}" in ex.readout.value
+    assert ex.state["napkin"] == ex.predict(8.0, 4)
+    assert f"{ex.state['napkin']['throughput_tok_s']:.1f}" in ex.readout.value
+
+    ex.controls["rate"].value = 16                               # a slider move measures again
+    second = ex.state["measured"]
+    assert ex.state["rate"] == 16.0 and second["rate"] == 16.0
+    assert second["completed"] == second["requests"] == ex.num_requests
+    assert ex.readout.value != html_before and ex.state["png"] != png_before
+    assert _ms(second["ttft_p50_s"]) in ex.readout.value
+    assert f"{second['throughput_tok_s']:.1f}" in ex.readout.value
+    assert ex.history[-2:] == [first, second]
+    # the napkin: more offered load, more predicted throughput, never above the capacity
+    p8, p16 = ex.predict(8.0, 4), ex.predict(16.0, 4)
+    assert p8["throughput_tok_s"] < p16["throughput_tok_s"] <= p16["capacity_tok_s"] * 1.000001
+    assert p16["capacity_tok_s"] == pytest.approx(4 / ex.step_time(4))
+    assert srv.engine_loop.alive
+
+
+def test_serve_explorer_max_batch_reaches_the_engine(live):
+    srv, _ids, ex = live
+    engine = srv.engine_loop.engine
+    i0 = len(engine.steps)
+    st = ex.set(rate=16, max_batch=2)
+    assert st["error"] is None and engine.scheduler.max_num_seqs == 2
+    assert srv.engine_loop.stats()["max_num_seqs"] == 2
+    assert st["measured"]["completed"] == ex.num_requests
+    assert max(len(s.runs) for s in engine.steps[i0:]) <= 2      # never more than 2 in a step
+    assert st["napkin"]["saturated"] and st["napkin"]["batch"] == 2
+    srv.engine_loop.set_max_num_seqs(3)                          # the loop's own setter
+    deadline = time.monotonic() + 5
+    while engine.scheduler.max_num_seqs != 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.scheduler.max_num_seqs == 3
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        srv.engine_loop.set_max_num_seqs(0)
+
+
+def test_serve_explorer_errors_are_messages(live):
+    from minillm.explorers import SERVE_ERROR_CLASS, serve_explorer
+    from minillm.serving.server import BackgroundServer
+    srv, ids, _ex = live
+    ex = serve_explorer(None, ids)                               # no server: a message
+    assert "no server" in ex.state["error"] and SERVE_ERROR_CLASS in ex.readout.value
+    assert ex.plot.outputs == ()
+    assert "must lie in" in ex.set(rate=0)["error"] and "rate" in ex.readout.value
+    assert "whole number" in ex.set(max_batch=2.5)["error"]
+    with pytest.raises(ValueError, match="unknown controls"):
+        ex.set(batch=3)
+    short = serve_explorer(srv, [1, 2, 3])                       # too little text for prompts
+    assert "at least" in short.state["error"] and short.plot.outputs == ()
+    stopped = BackgroundServer(srv.engine_loop.engine.model, None, "target", max_num_seqs=1)
+    stopped.stop()
+    ex = serve_explorer(stopped, ids)
+    assert "has stopped" in ex.state["error"] and SERVE_ERROR_CLASS in ex.readout.value

@@ -376,3 +376,128 @@ def test_the_scheduler_alone_changes_the_block_manager():
     for touch in ("bm.fork(", "bm.allocate(", "bm.free(", "bm.append_slot(", "BlockManager(",
                   "scheduler.running", "scheduler.waiting"):
         assert touch not in src, f"the engine calls {touch}"
+
+
+# ---- chunked prefill, the LM head on sampled rows only, seats for forks, abort (issue 17) ----
+@pytest.mark.parametrize("budget", [5, 8, 13])
+def test_chunked_prefill_equals_the_cached_loop(model, budget, one_thread):
+    """Prompts longer than the step's token budget run in chunks; outputs do not change, and no
+    step runs more tokens than the budget."""
+    ps = prompts(6, seed=3, lo=10, hi=40)
+    params = [SamplingParams(temperature=0.8, top_k=10, max_new_tokens=6, seed=i)
+              for i in range(6)]
+    eng = LLMEngine(model, block_size=4, max_num_seqs=4, max_num_batched_tokens=budget,
+                    chunked_prefill=True)
+    assert eng.generate(ps, params) == reference(model, ps, params)
+    assert max(r.tokens for r in eng.steps) <= budget
+    assert any(n > 1 and n < len(ps[0]) for r in eng.steps for _q, _s, n in r.runs)
+    assert eng.runner.tokens_run == sum(map(len, ps)) + 6 * 5     # nothing computed twice
+    assert eng.bm.num_free_blocks == eng.bm.num_blocks
+    eng.bm.check_invariants()
+
+
+def test_chunked_prefill_lets_decodes_run_beside_a_long_prompt(model):
+    eng = LLMEngine(model, block_size=4, max_num_seqs=4, max_num_batched_tokens=8,
+                    chunked_prefill=True)
+    eng.add_request([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=20))
+    eng.step()
+    eng.add_request(list(range(1, 41)), SamplingParams(temperature=0, max_new_tokens=2))
+    for _ in range(5):                  # 40 tokens in chunks of 7, the decode in every step
+        eng.step()
+    assert [r.runs for r in eng.steps[1:]] == [[(1, 1, 7), (0, 0, 1)]] * 5
+    seq0 = eng.sequences[0][0]
+    assert seq0.num_output_tokens == 6 and eng.sequences[1][0].num_output_tokens == 0
+    unchunked = LLMEngine(model, block_size=4, max_num_seqs=4)
+    unchunked.add_request([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=20))
+    unchunked.step()
+    unchunked.add_request(list(range(1, 41)), SamplingParams(temperature=0, max_new_tokens=2))
+    unchunked.step()
+    assert unchunked.steps[1].tokens == 41                   # the whole prompt in one step
+
+
+def test_a_chunk_in_flight_is_not_reused_before_it_is_written(model, one_thread):
+    """Prefix caching with chunks: a block is findable by hash only once a step writes it. A
+    request aborted mid-prefill leaves its written blocks findable and nothing else, so the same
+    prompt sent again reuses exactly those and recomputes the rest."""
+    prompt = list(range(1, 33))                              # 8 full blocks of 4
+    p = SamplingParams(temperature=0, max_new_tokens=3)
+    eng = LLMEngine(model, block_size=4, max_num_seqs=4, max_num_batched_tokens=10,
+                    chunked_prefill=True)
+    eng.add_request(prompt, p)
+    eng.step()                                               # 10 tokens: blocks 0, 1 written
+    eng.abort(0)
+    eng.add_request(prompt, p)
+    eng.step()
+    assert eng.bm.num_prefix_hits == 2
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.outputs(1) == [generate_cached(model, [prompt], p)[0]]
+    eng.bm.check_invariants()
+
+
+def test_the_lm_head_runs_only_on_sampled_rows(model):
+    """One LM-head row per sampled token: none for prompt positions, none for a chunk that does
+    not end its prompt."""
+    rows = []
+    h = model.lm_head.register_forward_hook(lambda m, inp, out: rows.append(out.shape[1]))
+    try:
+        eng = LLMEngine(model, block_size=4, max_num_seqs=4, max_num_batched_tokens=8,
+                        chunked_prefill=True)
+        eng.add_request(list(range(1, 20)), SamplingParams(temperature=0, max_new_tokens=3))
+        eng.add_request([5, 6], SamplingParams(temperature=0, max_new_tokens=4))
+        while eng.has_unfinished():
+            eng.step()
+    finally:
+        h.remove()
+    assert len(rows) == len(eng.steps)
+    assert sum(rows) == 3 + 4
+    assert rows[:2] == [0, 0]                                # 19 tokens: chunks of 8, 8, 3
+
+
+def test_forked_samples_stay_within_max_num_seqs(model):
+    eng = LLMEngine(model, block_size=4, max_num_seqs=4)
+    p = SamplingParams(temperature=1.0, max_new_tokens=8, seed=1)
+    eng.add_request([1, 2, 3], p, n=3)
+    eng.add_request([4, 5, 6], p, n=3)               # waits: 3 + 3 seats > 4
+    eng.add_request([7], p)
+    most = 0
+    while eng.has_unfinished():
+        eng.step()
+        most = max(most, len(eng.scheduler.running))
+    assert most <= 4
+    assert [len(eng.outputs(r)) for r in range(3)] == [3, 3, 1]
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        eng.add_request([1], p, n=5)
+
+
+def test_abort_frees_a_request_wherever_it_is(model):
+    eng = LLMEngine(model, block_size=4, max_num_seqs=1, max_num_batched_tokens=8,
+                    chunked_prefill=True)
+    p = SamplingParams(temperature=0, max_new_tokens=30)
+    running = eng.add_request(list(range(1, 30)), p, n=1)
+    waiting = eng.add_request([1, 2], p, n=1)
+    eng.step()                                               # request 0 mid-prefill
+    assert eng.bm.num_used_blocks > 0
+    assert [s.finish_reason for s in eng.abort(running)] == ["abort"]
+    assert eng.bm.num_used_blocks == 0 and not eng.scheduler.running
+    eng.step()
+    eng.abort(waiting)
+    assert not eng.has_unfinished() and eng.bm.num_free_blocks == eng.bm.num_blocks
+    assert eng.abort(waiting) == []                          # twice is harmless
+    with pytest.raises(KeyError):
+        eng.abort(99)
+    eng.bm.check_invariants()
+
+
+def test_release_forgets_only_finished_requests(model):
+    eng = LLMEngine(model, block_size=4)
+    a = eng.add_request([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=2))
+    b = eng.add_request([4, 5], SamplingParams(temperature=0, max_new_tokens=9))
+    eng.step()
+    eng.step()
+    with pytest.raises(ValueError, match="not finished"):
+        eng.release(b)
+    eng.release(a)
+    assert a not in eng.sequences and eng.add_request([6], SamplingParams()) not in (a, b)
+    with pytest.raises(KeyError):
+        eng.release(a)

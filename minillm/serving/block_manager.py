@@ -150,15 +150,18 @@ class BlockManager:
             b.hash, b.token_ids = h, tuple(tokens)
             self.hash_to_block[h] = bid
 
-    def allocate(self, seq: Sequence) -> list[int]:
+    def allocate(self, seq: Sequence, register: bool = True) -> list[int]:
         """Give `seq` a block table for all of seq.token_ids. Full blocks found by hash are
-        shared; seq.num_cached_tokens is set to the tokens they hold (no need to recompute)."""
+        shared; seq.num_cached_tokens is set to the tokens they hold (no need to recompute).
+
+        Its new full blocks are named (made findable by hash) at once, or, with register=False,
+        only when `register_blocks` says a step writes them (chunked prefill)."""
         if seq.seq_id in self.tables:
             raise ValueError(f"sequence {seq.seq_id} already holds blocks")
         if not self.can_allocate(seq):
             raise RuntimeError(f"not enough free KV blocks for sequence {seq.seq_id} "
                                f"({seq.num_tokens} tokens, {self.num_free_blocks} free blocks)")
-        B, hits = self.block_size, self._cached_prefix(seq)
+        hits = self._cached_prefix(seq)
         table: list[int] = []
         for bid in hits:
             b = self.blocks[bid]
@@ -167,17 +170,28 @@ class BlockManager:
             b.ref_count += 1
             table.append(bid)
         self.num_prefix_hits += len(hits)
-        h = self.blocks[hits[-1]].hash if hits else None
-        for i in range(len(hits), self.blocks_needed(seq.num_tokens)):
-            bid = self._take_free_block()
-            tokens = seq.token_ids[i * B:(i + 1) * B]
-            if len(tokens) == B:
-                h = block_hash(tokens, h)
-                self._register(bid, h, tokens)
-            table.append(bid)
+        for _ in range(len(hits), self.blocks_needed(seq.num_tokens)):
+            table.append(self._take_free_block())
         self.tables[seq.seq_id] = table
-        seq.num_cached_tokens = len(hits) * B
+        seq.num_cached_tokens = len(hits) * self.block_size
+        if register:
+            self.register_blocks(seq, seq.num_tokens)
         return table
+
+    def register_blocks(self, seq: Sequence, upto: int) -> None:
+        """Name every full block of `seq` that lies within its first `upto` tokens (call it when
+        the step that writes them is scheduled: the step writes before anyone reads)."""
+        B, h = self.block_size, None
+        table = self.block_table(seq)
+        for i in range(min(upto, seq.num_tokens) // B):
+            b = self.blocks[table[i]]
+            tokens = seq.token_ids[i * B:(i + 1) * B]
+            h = block_hash(tokens, h)
+            if b.hash is None:
+                self._register(table[i], h, tokens)
+            elif b.hash != h:
+                raise RuntimeError(f"block {table[i]} of sequence {seq.seq_id} is named for "
+                                   f"other tokens")
 
     # ---- growing one token at a time --------------------------------------------------------
     def _append_cost(self, seq: Sequence) -> int:

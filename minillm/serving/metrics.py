@@ -9,6 +9,9 @@ Users feel the tail, not the mean: report p50 and p99 beside the mean. Percentil
 linear interpolation between order statistics (numpy's default): p of n sorted values sits at
 rank (n - 1) * p / 100.
 
+A live server exports the same quantities as Prometheus histograms (`Histogram`): counts of
+observations at or under each bucket's upper bound, plus their sum and count.
+
 A step log (engine.steps, or the static server's) gives the timeline: which request ran in which
 step, and whether as a prefill (many tokens) or a decode (one).
 """
@@ -87,3 +90,29 @@ def plot_timeline(steps, ax=None, title: str = ""):
     ax.set_title(title or "timeline (red: prefill, blue: decode)")
     ax.invert_yaxis()
     return ax
+
+
+class Histogram:
+    """Prometheus-style cumulative histogram: how many observations were <= each bound."""
+
+    def __init__(self, bounds):
+        self.bounds = tuple(sorted(float(b) for b in bounds))
+        if not self.bounds:
+            raise ValueError("a histogram needs at least one bucket bound")
+        self.counts = [0] * len(self.bounds)
+        self.count, self.sum = 0, 0.0
+
+    def observe(self, value: float) -> None:
+        value = float(value)
+        for i, b in enumerate(self.bounds):
+            if value <= b:
+                self.counts[i] += 1
+        self.count += 1
+        self.sum += value
+
+    def prometheus(self, name: str, help_text: str) -> list[str]:
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        lines += [f'{name}_bucket{{le="{b:g}"}} {c}' for b, c in zip(self.bounds, self.counts)]
+        lines += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum:.6f}",
+                  f"{name}_count {self.count}"]
+        return lines

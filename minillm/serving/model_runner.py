@@ -8,7 +8,9 @@ to a [3, 7] rectangle, the runner concatenates the new tokens into one row
 
 and the projections and the MLP -- the bulk of the FLOPs -- run as one [11, D] matmul with no
 padding. Only attention needs to know the boundaries: `AttentionMetadata` tells the paged cache
-which rows belong to which sequence and where each one's keys and values live.
+which rows belong to which sequence and where each one's keys and values live. The LM head, a
+[D, V] matmul per row, runs only on the rows whose logits are sampled: each sequence's last new
+token (and none of a prompt chunk that is not the prompt's last).
 
 The runner owns the KV storage (`PagedKVCache`) and the sampler; the scheduler decides which
 sequences run, the block manager where their tokens go.
@@ -23,14 +25,17 @@ from .block_manager import BlockManager
 from .sequence import Sequence
 
 
-def flatten_batch(seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
-    """The new tokens of every sequence, concatenated: (ids, positions, query_lens)."""
+def flatten_batch(seqs: list[Sequence], num_new: list[int] | None = None
+                  ) -> tuple[list[int], list[int], list[int]]:
+    """The new tokens of every sequence (all its uncached ones, or num_new[i] of them: a prefill
+    chunk), concatenated: (ids, positions, query_lens)."""
     ids, positions, lens = [], [], []
-    for s in seqs:
+    for i, s in enumerate(seqs):
         start = s.num_cached_tokens
-        ids.extend(s.token_ids[start:])
-        positions.extend(range(start, s.num_tokens))
-        lens.append(s.num_tokens - start)
+        end = s.num_tokens if num_new is None else start + num_new[i]
+        ids.extend(s.token_ids[start:end])
+        positions.extend(range(start, end))
+        lens.append(end - start)
     return ids, positions, lens
 
 
@@ -53,31 +58,40 @@ class ModelRunner:
         self.forward_calls = 0
 
     @torch.no_grad()
-    def run(self, seqs: list[Sequence], copies=()) -> torch.Tensor:
-        """One forward pass over the uncached tokens of `seqs`: next-token logits [len(seqs), V].
+    def run(self, seqs: list[Sequence], copies=(), num_new: list[int] | None = None,
+            sampled: list[bool] | None = None) -> torch.Tensor:
+        """One forward pass over the uncached tokens of `seqs` (or num_new[i] of them):
+        next-token logits [number sampled, V] at the last new token of each sequence with
+        sampled[i] (default: all), in order.
 
         `copies` are the copy-on-write block copies the scheduler asked for this step."""
         if not seqs:
             raise ValueError("run() needs at least one sequence")
+        ids, positions, lens = flatten_batch(seqs, num_new)
+        bad = [s.seq_id for s, n in zip(seqs, lens)
+               if not 1 <= n <= s.num_uncached_tokens]
+        if bad:
+            raise ValueError(f"sequences {bad}: each must run 1..(its uncached tokens) tokens")
+        sampled = [True] * len(seqs) if sampled is None else list(sampled)
+        if len(sampled) != len(seqs):
+            raise ValueError(f"sampled has {len(sampled)} entries for {len(seqs)} sequences")
         self.kv.copy_blocks(copies)
-        ids, positions, lens = flatten_batch(seqs)
-        if min(lens) < 1:
-            bad = [s.seq_id for s, n in zip(seqs, lens) if n < 1]
-            raise ValueError(f"sequences {bad} have no uncached token to run")
-        slots = [slot for s in seqs
-                 for slot in self.bm.slot_mapping(s, range(s.num_cached_tokens, s.num_tokens))]
+        slots = [slot for s, n in zip(seqs, lens) for slot in
+                 self.bm.slot_mapping(s, range(s.num_cached_tokens, s.num_cached_tokens + n))]
         self.kv.meta = AttentionMetadata.build(
-            lens, [s.num_tokens for s in seqs], slots, [self.bm.block_table(s) for s in seqs],
-            self.device)
+            lens, [s.num_cached_tokens + n for s, n in zip(seqs, lens)], slots,
+            [self.bm.block_table(s) for s in seqs], self.device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        rows = [r for r, keep in zip(last_rows(lens), sampled) if keep]
         try:
-            logits = self.model(ids_t, pos_t, cache=self.kv)[0]             # [sum lens, V]
+            logits = self.model(ids_t, pos_t, cache=self.kv,
+                                rows=torch.tensor(rows, dtype=torch.long, device=self.device))
         finally:
             self.kv.meta = None
         self.tokens_run += len(ids)
         self.forward_calls += 1
-        return logits[last_rows(lens)]
+        return logits[0]                                              # [len(rows), V]
 
     @staticmethod
     def sample(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
