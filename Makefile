@@ -50,8 +50,9 @@ clean-venv:
 # grade: SUBMISSIONS=dir holding dir/<student>/<lab>/<lab>.ipynb -> gradebook, build/grades.csv,
 # build/feedback/; JOBS=N executes N at once, SCHEDULER=tcp://host:port on a Dask cluster; each
 # kernel runs in a bubblewrap sandbox (apt-get install bubblewrap; see autograder/README.md).
-# selfgrade: NB=path/to/notebook.ipynb, graded in a temporary course.
-.PHONY: release grade selfgrade
+# selfgrade: NB=path/to/notebook.ipynb, graded in a temporary course; ANSWERS=1 then shows the
+# model answers and rubrics of the written answers you have written.
+.PHONY: release grade selfgrade formgrade report
 
 release: $(STAMP)
 	$(PY) -m autograder release $(LABS)
@@ -63,7 +64,7 @@ grade: $(STAMP)
 
 selfgrade: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make selfgrade NB=path/to/notebook.ipynb"; exit 2; }
-	$(PY) -m autograder selfgrade "$(NB)"
+	$(PY) -m autograder selfgrade "$(NB)" $(if $(ANSWERS),--answers,)
 
 # Slides (slides/build.py): every deck slides/NN_topic.md -> build/slides/NN_topic.html, one
 # self-contained offline file each (figures computed by minillm); PDF=1 also prints each deck to
@@ -72,3 +73,12 @@ selfgrade: $(STAMP)
 
 slides: $(STAMP)
 	$(PY) -m slides.build $(if $(PDF),--pdf,)
+
+# Written answers are graded by hand in nbgrader's formgrader (autograder/README.md, "Grading
+# written answers"): JupyterLab on the course root, menu Nbgrader > Formgrader. Then `make report`
+# writes build/grades.csv and the feedback (with the graders' comments) again.
+formgrade: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+report: $(STAMP)
+	$(PY) -m autograder report $(LABS)

@@ -85,11 +85,23 @@ if execute is not None:
     # executes each submission in a sandboxed job and sets AUTOGRADER_REPLAY, so nbgrader only
     # replays the outputs (ReplayExecute). A plain `nbgrader autograde` runs the notebook here,
     # without the sandbox (GuardedExecute): use `python -m autograder grade` for submissions.
+    # Defang (autograder/defang.py): no HTML or script from a submission reaches a grader's
+    # browser in formgrader, or the feedback.
     runner = execute.ReplayExecute if os.environ.get("AUTOGRADER_REPLAY") else \
         execute.GuardedExecute
     c.Autograde.autograde_preprocessors = [runner, IgnorePattern,
-                                           ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+                                           ClearMetadataPreprocessor, LimitOutput,
+                                           _load("defang").Defang, SaveAutoGrades,
                                            AssignLatePenalties, CheckCellMetadata]
+
+# build/grades.csv keeps automatic (tests) and written (hand-graded) points apart, and counts the
+# written answers still waiting for a grader (autograder/export.py).
+try:
+    _load("export")
+    c.ExportApp.plugin_class = "autograder_export.SplitScoreCsv"
+except Exception as e:
+    print(f"nbgrader_config.py: autograder/export.py not loaded ({e!r}); nbgrader's plain CSV",
+          file=sys.stderr)
 
 # Feedback shows each graded cell's visible part, score and failure message, never the hidden
 # tests (autograder/feedback.py); AUTOGRADER_FEEDBACK_HIDDEN=1 (grade

@@ -1,4 +1,5 @@
-"""python -m autograder release [LAB ...] | grade DIR | selfgrade NOTEBOOK  (see README.md)."""
+"""python -m autograder release [LAB ...] | grade DIR | report [LAB ...] | selfgrade NOTEBOOK
+(see README.md)."""
 from __future__ import annotations
 
 import argparse
@@ -41,10 +42,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="show the hidden tests in the feedback (default: never)")
     _limits(p)
 
+    p = sub.add_parser("report", help="after grading written answers by hand: build/grades.csv "
+                                      "and the feedback HTML again, from the gradebook")
+    p.add_argument("labs", nargs="*", help="labs to write feedback for (default: every lab "
+                                           "with a submission)")
+    p.add_argument("--root")
+    p.add_argument("--feedback-with-hidden-tests", action="store_true",
+                   help="show the hidden tests in the feedback (default: never)")
+
     p = sub.add_parser("selfgrade", help="grade your own notebook (hidden tests included)")
     p.add_argument("notebook")
     p.add_argument("--lab", help="lab folder name (default: from the notebook's name or folder)")
     p.add_argument("--keep", action="store_true", help="keep the temporary course to inspect it")
+    p.add_argument("--answers", action="store_true",
+                   help="then show the model answer and rubric of each written answer you "
+                        "have written (never of a blank one)")
     _limits(p)
 
     args = ap.parse_args(argv)
@@ -63,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "grade":
             from .grade import main_grade
             return main_grade(args)
+        if args.cmd == "report":
+            from .grade import main_report
+            return main_report(args)
         if args.cmd == "selfgrade":
             from .selfgrade import main_selfgrade
             return main_selfgrade(args)

@@ -168,17 +168,56 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
 
 
 def format_table(records: list[GradeRecord]) -> str:
-    rows = [("student", "lab", "score", "max", "status", "seconds")]
+    """One row per submission: automatic points (the tests), written points (graded by hand)
+    and how many written answers still wait for a grader."""
+    rows = [("student", "lab", "auto", "written", "max", "to grade", "status", "seconds")]
+    waiting = 0
     for r in records:
-        manual = any(c.score is None for c in r.cells)
-        rows.append((r.student, r.lab, f"{r.score:g}" + ("*" if manual else ""),
-                     f"{r.max_score:g}", r.status, f"{r.seconds:.0f}"))
+        auto = [c for c in r.cells if c.autograded]
+        written = [c for c in r.cells if not c.autograded]
+        todo = sum(c.score is None for c in written)
+        waiting += todo
+        rows.append((r.student, r.lab,
+                     f"{sum(c.score or 0 for c in auto):g}/{sum(c.max_score for c in auto):g}",
+                     f"{sum(c.score or 0 for c in written):g}/"
+                     f"{sum(c.max_score for c in written):g}",
+                     f"{r.max_score:g}", str(todo) if todo else "", r.status, f"{r.seconds:.0f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    if any("*" in row[2] for row in rows[1:]):
-        lines.append("* some cells need manual grading (nbgrader formgrader)")
+    if waiting:
+        lines.append(f"{waiting} written answer(s) need manual grading: `make formgrade` "
+                     "(nbgrader's formgrader), then `make report` (autograder/README.md, "
+                     "'Grading written answers')")
     return "\n".join(lines)
+
+
+def report(course: Course, labs: list[str] | None = None, *, hidden_tests: bool = False,
+           log=print) -> None:
+    """build/grades.csv and the feedback HTML from the gradebook as it is now (after the written
+    answers were graded by hand in formgrader), and the table of every graded submission."""
+    graded = sorted({p.parent.name for p in course.build.glob("autograded/*/*/*.ipynb")})
+    labs = [course.check_lab(lab) for lab in labs] if labs else graded
+    log(f"grades: {course.export_csv()}")
+    for lab in labs:
+        r = course.generate_feedback(lab, hidden_tests=hidden_tests)
+        if r.returncode != 0:
+            raise RuntimeError(f"generate_feedback {lab} failed, see {r.log}")
+    log(f"feedback: {course.build / 'feedback'}/<student>/<lab>/<lab>.html ({', '.join(labs)})")
+    records = []
+    for d in sorted(course.build.glob("autograded/*/*")):
+        if d.is_dir() and d.name in labs:
+            records.append(GradeRecord(student=d.parent.name, lab=d.name, status="graded",
+                                       seconds=0.0, exec_seconds=None,
+                                       cells=course.scores(d.parent.name, d.name)))
+    log("")
+    log(format_table(records))
+
+
+def main_report(args) -> int:
+    course = Course(args.root) if args.root else Course.find()
+    report(course, args.labs or None, hidden_tests=args.feedback_with_hidden_tests)
+    return 0
 
 
 def main_grade(args) -> int:

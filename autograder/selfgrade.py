@@ -4,6 +4,11 @@ The notebook is autograded exactly as the instructor's `grade` would, but in a t
 (a copy of nbgrader_config.py and of the lab's source folder, its own gradebook), so build/ is
 left alone. Prints each graded cell's score / max and, for failed cells, the error; exits 0 only
 with full marks on every autograded cell.
+
+Written answers are graded by hand, so selfgrade cannot score them; `--answers` shows, for each
+written answer you have written, the lab's model answer and the rubric a grader uses (from the
+instructor's source notebook: they are never in a release). An answer still blank gets nothing:
+write your own first.
 """
 from __future__ import annotations
 
@@ -91,8 +96,59 @@ def report(rec, log=print) -> bool:
     return full
 
 
+STUB = "YOUR ANSWER HERE"
+SOLUTION_LINES = ("### BEGIN SOLUTION", "### END SOLUTION")
+
+
+def written_answers(notebook: str | Path, source: str | Path) -> list[dict]:
+    """Per written answer cell of the lab (source order): grade id, points, the student's text
+    (None while blank or still the stub) and the model answer with its rubric."""
+    import nbformat
+    mine = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source
+            for c in nbformat.read(str(notebook), as_version=4).cells}
+    out = []
+    for c in nbformat.read(str(source), as_version=4).cells:
+        meta = c.metadata.get("nbgrader", {})
+        if c.cell_type != "markdown" or not (meta.get("grade") and meta.get("solution")):
+            continue
+        text = (mine.get(meta["grade_id"]) or "").strip()
+        model = "\n".join(line for line in c.source.strip().splitlines()
+                          if line.strip() not in SOLUTION_LINES).strip()
+        out.append({"grade_id": meta["grade_id"], "points": meta.get("points", 0),
+                    "answer": None if not text or text == STUB else text, "model": model})
+    return out
+
+
+def show_answers(notebook: Path, source: Path, log=print) -> int:
+    """Print the model answer and rubric of every written answer the student has written;
+    returns how many were shown."""
+    shown = 0
+    log("")
+    log("Written answers: the model answer and the grader's rubric, beside your own")
+    for a in written_answers(notebook, source):
+        head = f"== {a['grade_id']} ({a['points']:g} points)"
+        if a["answer"] is None:
+            log(f"{head}: not shown -- write your own answer first (the cell is blank or "
+                f"still says {STUB})")
+            continue
+        shown += 1
+        log(f"{head} ==")
+        log("  your answer:")
+        log("\n".join("    " + line for line in a["answer"].splitlines()))
+        log("  model answer and rubric:")
+        log("\n".join("    " + line for line in a["model"].splitlines()))
+    return shown
+
+
 def main_selfgrade(args) -> int:
     _, full = selfgrade(args.notebook, lab=args.lab, root=args.root,
                         cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
                         mem_gb=args.mem_gb, keep=args.keep)
+    if args.answers:
+        repo = Course(args.root) if args.root else Course.find(Path(args.notebook).parent)
+        notebook = Path(args.notebook).resolve()
+        lab = repo.check_lab(args.lab) if args.lab else guess_lab(repo, notebook)
+        sources = sorted(repo.source(lab).glob("*.ipynb"))
+        source = repo.source(lab) / notebook.name
+        show_answers(notebook, source if source.is_file() else sources[0])
     return 0 if full else 1

@@ -208,6 +208,12 @@ def test_a_source_gets_full_points_in_time(pipeline, lab):
     assert auto, describe(rec)
     lost = [c for c in auto if c.score != c.max_score]
     assert not lost, describe(rec)
+    # every written answer of the source is a response: it waits for a grader, none is lost
+    src = nbformat.read(str(pipeline.course.source(lab) / f"{lab}.ipynb"), as_version=4)
+    written = [c.metadata["nbgrader"]["grade_id"] for c in src.cells
+               if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("grade")]
+    waiting = [c.grade_id for c in rec.cells if not c.autograded and c.score is None]
+    assert sorted(waiting) == sorted(written), describe(rec)
     assert rec.exec_seconds is not None and rec.exec_seconds < MAX_SECONDS, \
         f"{lab} ran {rec.exec_seconds} s, the budget is {MAX_SECONDS} s"
 
@@ -220,6 +226,8 @@ def test_b_release_gets_zero_and_fails_fast(pipeline, lab):
     assert rec.status == "ok", describe(rec)          # graded, not crashed or timed out
     auto = [c for c in rec.cells if c.autograded]
     assert auto and all(c.score == 0 for c in auto), describe(rec)
+    # untouched written answers ("YOUR ANSWER HERE") score 0 at once: nothing to read
+    assert all(c.score == 0 for c in rec.cells if not c.autograded), describe(rec)
     assert rec.exec_seconds < MAX_SECONDS, describe(rec)
 
 

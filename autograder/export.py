@@ -1,0 +1,81 @@
+"""build/grades.csv with automatic and written (hand-graded) points apart: `nbgrader export`'s
+plugin for this course (ExportApp.plugin_class in nbgrader_config.py).
+
+nbgrader's own CSV has one score per submission, so a lab whose written answers are not graded
+yet looks like a low mark. This plugin writes nbgrader's columns, then
+
+    auto_score, auto_max_score          code cells: the tests, scored by the autograder
+    written_score, written_max_score    markdown answer cells, scored by hand in formgrader
+    to_grade_by_hand                    written answers with a response and no score yet
+
+A student who did not submit gets zeros and nothing to grade. Loaded by path (nbgrader_config.py's
+`_load`), so it imports nbgrader only, not the `autograder` package (and torch) with it.
+"""
+from __future__ import annotations
+
+import csv
+
+from nbgrader.api import MissingEntry
+from nbgrader.plugins import CsvExportPlugin
+
+COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name",
+           "email", "raw_score", "late_submission_penalty", "score", "max_score",
+           "auto_score", "auto_max_score", "written_score", "written_max_score",
+           "to_grade_by_hand"]
+
+
+def waiting_for_a_grader(grade) -> bool:
+    """A written answer nbgrader could not score (a response was given) that no grader has
+    scored yet."""
+    return grade.cell.cell_type == "markdown" and grade.auto_score is None \
+        and grade.manual_score is None
+
+
+def split_scores(submission) -> dict:
+    auto = auto_max = written = written_max = 0.0
+    waiting = 0
+    for nb in submission.notebooks:
+        for g in nb.grades:
+            got = g.score or 0.0
+            if g.cell.cell_type == "markdown":
+                written, written_max = written + got, written_max + g.max_score
+                waiting += waiting_for_a_grader(g)
+            else:
+                auto, auto_max = auto + got, auto_max + g.max_score
+    return {"auto_score": auto, "auto_max_score": auto_max, "written_score": written,
+            "written_max_score": written_max, "to_grade_by_hand": waiting}
+
+
+class SplitScoreCsv(CsvExportPlugin):
+    """nbgrader's CSV plus automatic and written points apart (see the module docstring)."""
+
+    def export(self, gradebook) -> None:
+        students = {str(s) for s in self.student}
+        assignments = {str(a) for a in self.assignment}
+        with open(self.to or "grades.csv", "w", newline="") as fh:
+            out = csv.DictWriter(fh, COLUMNS)
+            out.writeheader()
+            for assignment in gradebook.assignments:
+                if assignments and assignment.name not in assignments:
+                    continue
+                for student in gradebook.students:
+                    if students and student.id not in students:
+                        continue
+                    row = {"assignment": assignment.name, "duedate": assignment.duedate or "",
+                           "student_id": student.id, "last_name": student.last_name or "",
+                           "first_name": student.first_name or "", "email": student.email or "",
+                           "max_score": assignment.max_score}
+                    try:
+                        sub = gradebook.find_submission(assignment.name, student.id)
+                    except MissingEntry:
+                        row.update(timestamp="", raw_score=0.0, late_submission_penalty=0.0,
+                                   score=0.0, auto_score=0.0, written_score=0.0,
+                                   to_grade_by_hand=0)
+                        row["auto_max_score"] = assignment.max_code_score
+                        row["written_max_score"] = assignment.max_written_score
+                    else:
+                        penalty = sub.late_submission_penalty or 0.0
+                        row.update(timestamp=sub.timestamp or "", raw_score=sub.score,
+                                   late_submission_penalty=penalty,
+                                   score=max(0.0, sub.score - penalty), **split_scores(sub))
+                    out.writerow(row)
