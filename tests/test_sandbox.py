@@ -246,7 +246,13 @@ def test_grader_environment_does_not_leak(probe_run):
 
 
 def test_writes_outside_workdir_do_not_reach_the_host(probe_run):
-    assert probe_run["write_repo"].startswith("raised "), probe_run["write_repo"]
+    if REPO.resolve().is_relative_to("/tmp"):
+        # a checkout under /tmp sits in the sandbox's private /tmp: the write lands there (the
+        # host check below proves it goes no further)
+        assert probe_run["write_repo"] == "written" or \
+            probe_run["write_repo"].startswith("raised "), probe_run["write_repo"]
+    else:
+        assert probe_run["write_repo"].startswith("raised "), probe_run["write_repo"]
     assert probe_run["write_pkg"] == "raised OSError"          # read-only bind (EROFS)
     assert not (REPO / "minillm" / "sbx-write.txt").exists()
     assert not any(p.name.startswith("sbx-write-") for p in REPO.iterdir())
