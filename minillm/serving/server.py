@@ -7,6 +7,9 @@
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
     print(client.completions.create(model="target", prompt="ROMEO.", max_tokens=32).choices[0].text)
 
+There is no authentication (the API key a client sends is ignored): the server binds 127.0.0.1
+unless told otherwise; give it `--host 0.0.0.0` only on a network you trust.
+
 Routes: POST /v1/completions, POST /v1/chat/completions (stream: true answers with server-sent
 events, `data: {chunk}` lines and a final `data: [DONE]`), GET /v1/models, GET /health and
 GET /metrics (Prometheus text). Requests are checked in openai_api.py, run by the engine thread
