@@ -54,3 +54,13 @@ def test_detokenizer_holds_back_stop_prefixes_and_half_characters(tok):
     d = Detokenizer(tok, [])
     pieces = [d.add([i]) for i in ids]
     assert all("\ufffd" not in p for p in pieces) and "".join(pieces) + d.finish() == "é€"
+
+
+def test_bodies_are_checked_before_anything_reads_them():
+    from minillm.serving.openai_api import MAX_BODY, parse_json
+    assert parse_json(b'{"a": 1}') == {"a": 1}
+    for raw, status, match in ((b"x" * (MAX_BODY + 1), 413, "limit"),
+                               (b"\xff\xfe{", 400, "not valid JSON"), (b"3", 400, "object")):
+        with pytest.raises(APIError) as e:
+            parse_json(raw)
+        assert e.value.status == status and match in e.value.message

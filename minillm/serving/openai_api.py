@@ -59,7 +59,13 @@ class APIError(Exception):
                           "code": self.code}}
 
 
+MAX_BODY = 1 << 20          # bytes: far more than a 512-token context's prompt can use
+
+
 def parse_json(raw: bytes) -> dict:
+    if len(raw) > MAX_BODY:
+        raise APIError(413, f"the request body is {len(raw)} bytes, over the {MAX_BODY}-byte "
+                       f"limit", code="request_too_large")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
