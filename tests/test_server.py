@@ -6,6 +6,7 @@ cannot send), and stopped by PID. The request checks and the detokenizer alone:
 tests/test_openai_api.py.
 """
 import asyncio
+import functools
 import json
 import re
 import signal
@@ -80,12 +81,17 @@ def wait_idle(url, timeout=10.0) -> dict:
         time.sleep(0.05)
 
 
-def cli_generate(prompt, **kw) -> dict:
+@functools.lru_cache(maxsize=None)          # the same reference for both servers: run it once
+def _cli_generate(prompt, kw: tuple) -> str:
     args = [sys.executable, "-m", "minillm", "generate", prompt, "--json", "--threads", "1"]
-    for k, v in kw.items():
+    for k, v in kw:
         args += [f"--{k.replace('_', '-')}", str(v)]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(r.stdout)
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def cli_generate(prompt, **kw) -> dict:
+    """`minillm generate ... --json` run as a command, its JSON answer."""
+    return json.loads(_cli_generate(prompt, tuple(sorted(kw.items()))))
 
 
 # ---- against a live server -------------------------------------------------------------------
