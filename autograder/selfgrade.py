@@ -35,8 +35,10 @@ def guess_lab(course: Course, notebook: Path) -> str:
 
 def selfgrade(notebook: str | Path, *, lab: str | None = None, root: str | Path | None = None,
               cell_timeout: int | None = None, notebook_timeout: int | None = None,
-              mem_gb: float | None = None, keep: bool = False, log=print):
-    """Autograde `notebook` in a temporary course; returns (GradeRecord, full_marks: bool)."""
+              mem_gb: float | None = None, keep: bool = False, answers: bool = False,
+              log=print):
+    """Autograde `notebook` in a temporary course; returns (GradeRecord, full_marks: bool).
+    `answers`: then show the model answers of the written answers the student has written."""
     notebook = Path(notebook).resolve()
     if not notebook.is_file():
         raise FileNotFoundError(f"no notebook {notebook}")
@@ -60,6 +62,8 @@ def selfgrade(notebook: str | Path, *, lab: str | None = None, root: str | Path 
                                notebook_timeout=notebook_timeout,
                                mem_bytes=resolve_mem_bytes(mem_gb, log))
         full = report(rec, log)
+        if answers:
+            show_answers(notebook, course.source(lab) / name, log)
         if keep:
             log(f"kept the temporary course: {tmp} (autograded notebook in "
                 f"{course.autograded(STUDENT, lab)})")
@@ -143,12 +147,5 @@ def show_answers(notebook: Path, source: Path, log=print) -> int:
 def main_selfgrade(args) -> int:
     _, full = selfgrade(args.notebook, lab=args.lab, root=args.root,
                         cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
-                        mem_gb=args.mem_gb, keep=args.keep)
-    if args.answers:
-        repo = Course(args.root) if args.root else Course.find(Path(args.notebook).parent)
-        notebook = Path(args.notebook).resolve()
-        lab = repo.check_lab(args.lab) if args.lab else guess_lab(repo, notebook)
-        sources = sorted(repo.source(lab).glob("*.ipynb"))
-        source = repo.source(lab) / notebook.name
-        show_answers(notebook, source if source.is_file() else sources[0])
+                        mem_gb=args.mem_gb, keep=args.keep, answers=args.answers)
     return 0 if full else 1

@@ -263,13 +263,13 @@ def _probe_server(url: str) -> tuple[str, int]:
 
 def _median_summary(runs: list[dict]) -> dict:
     """Median of each latency figure across rounds; completed and errors summed."""
-    import statistics
+    from .serving.metrics import percentile
     out = {"completed": sum(r["completed"] for r in runs),
            "requests": sum(r["requests"] for r in runs),
            "errors": sum(r["errors"] for r in runs)}
     for k in _SERVE_KEYS:
         xs = [r[k] for r in runs if k in r]
-        out[k] = statistics.median(xs) if xs else None
+        out[k] = percentile(xs, 50) if xs else None
     return out
 
 

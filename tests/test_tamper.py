@@ -844,7 +844,21 @@ ATTACKS = [
     '''), forbid=("NETWORK_REACHED", "UNIX_REACHED", "HOSTPID_VISIBLE"),
            require=("cannot write", "network refused", "visible pids")),
 
-    # 8. robustness -------------------------------------------------------------------------------
+    # 8. the grader's browser: formgrader renders a submission's outputs in the instructor's
+    #    Jupyter origin, so an HTML / JavaScript / SVG output would run there (autograder/defang.py)
+    Attack("grader_browser", "outputs that carry script for the grader's browser: HTML with a "
+           "<script>, JavaScript, an SVG with onload, markdown with raw HTML",
+           WRONG + src(r'''
+        from IPython.display import HTML, SVG, Javascript, Markdown, display
+        tag = "window.pw" + "ned_"
+        display(HTML("<script>" + tag + "html = 1</script><b>hi</b>"))
+        display(Javascript(tag + "js = 1"))
+        display(SVG('<svg xmlns="http://www.w3.org/2000/svg" onload="' + tag + 'svg = 1"/>'))
+        display(Markdown("<img src=x onerror=" + tag + "md=1>"))
+        print("payloads displayed")
+    '''), tamper=False, forbid=("window.pwned_",), require=("payloads displayed",)),
+
+    # 9. robustness -------------------------------------------------------------------------------
     Attack("robust_not_json", "a notebook file that is not JSON", raw="this is {not a notebook\n",
            earned=E_NONE, tamper=False),
     Attack("robust_million_cells", "a notebook with 1,000,000 cells (about 54 MB)",

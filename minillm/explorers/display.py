@@ -22,3 +22,11 @@ def show_png(output: widgets.Output, fig, text: str) -> bytes:
                                 "text/plain": text},
                        "metadata": {}},)
     return png
+
+
+def side_panel(readout_class: str, plot_class: str) -> tuple[widgets.HTML, widgets.Output]:
+    """The readout (HTML, beside the sliders) and the plot (an Output under them) of an explorer
+    with a row of sliders, each with the CSS class the tests and the browser check look for."""
+    readout = widgets.HTML(layout=widgets.Layout(margin="0 0 0 24px")).add_class(readout_class)
+    plot = widgets.Output(layout=widgets.Layout(min_width="680px")).add_class(plot_class)
+    return readout, plot

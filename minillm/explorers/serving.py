@@ -14,7 +14,7 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from ..serving.metrics import percentile
-from .display import SLIDER_LAYOUT, STYLE, show_png
+from .display import SLIDER_LAYOUT, STYLE, show_png, side_panel
 
 # --- lab 06: a live server under open-loop load ----------------------------------------------
 SERVE_READOUT_CLASS = "minillm-serve-readout"
@@ -98,10 +98,7 @@ class ServeExplorer(widgets.VBox):
         self.controls = c
         for w in c.values():
             w.observe(self._on_change, names="value")
-        self.readout = widgets.HTML(layout=widgets.Layout(margin="0 0 0 24px")).add_class(
-            SERVE_READOUT_CLASS)
-        self.plot = widgets.Output(layout=widgets.Layout(min_width="680px")).add_class(
-            SERVE_PLOT_CLASS)
+        self.readout, self.plot = side_panel(SERVE_READOUT_CLASS, SERVE_PLOT_CLASS)
         title = widgets.HTML(f"<b>Serving under open-loop load</b>: {num_requests} requests "
                              f"({prompt_len}-token prompts, {max_tokens} tokens each) per move, "
                              "measured over HTTP against the napkin")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from .display import SLIDER_LAYOUT, STYLE, show_png
+from .display import SLIDER_LAYOUT, STYLE, show_png, side_panel
 
 # --- lab 05: speculative sampling -------------------------------------------------------------
 SPEC_READOUT_CLASS = "minillm-spec-readout"
@@ -50,10 +50,7 @@ class SpeculativeExplorer(widgets.VBox):
         self.controls = c_
         for w in c_.values():
             w.observe(self._on_change, names="value")
-        self.readout = widgets.HTML(layout=widgets.Layout(margin="0 0 0 24px")).add_class(
-            SPEC_READOUT_CLASS)
-        self.plot = widgets.Output(layout=widgets.Layout(min_width="680px")).add_class(
-            SPEC_PLOT_CLASS)
+        self.readout, self.plot = side_panel(SPEC_READOUT_CLASS, SPEC_PLOT_CLASS)
         title = widgets.HTML("<b>Speculative sampling</b>: expected tokens per target pass and "
                              "speed-up against k")
         super().__init__([title, widgets.HBox([widgets.VBox(list(c_.values())), self.readout]),
