@@ -28,6 +28,9 @@ loaded 2-core machine (ranges: autograder/README.md).
     from autograder.labs import lab07
     lab07.count_torch_calls(paged_decode_torch)           # (calls, context tokens)
     lab07.check_paged_decode_speed(paged_decode_torch)    # AssertionError below THRESHOLD
+
+The student's Triton kernels (07_decode_kernel, 07_split_kernel) are launched and checked by
+autograder/labs/lab07_triton.py.
 """
 from __future__ import annotations
 

@@ -12,6 +12,10 @@ used in the deck. Everything is computed on the
 CPU in a few seconds: no timing (figures must be reproducible), only counts and napkin math on the
 real model, its real logits and the real hardware presets.
 """
+# Without a GPU the tracer kernels of the Triton slides run in the interpreter: decide before
+# anything (torch's compiler, for one) imports triton.language.
+import kernels.interpret  # noqa: F401, E402, I001
+
 # Importing a deck's module registers its figures, in lab order.
 from . import (  # noqa: F401, E402
                lab00_sampling,

@@ -304,3 +304,81 @@ def dequant_bytes() -> str:
     rows = [[name, f"{b / 1e6:.1f} MB", f"{b / bw * 1e6:.1f} µs",
              f"<b>{moved['bf16 (cuBLAS)'] / b:.2f}×</b>"] for name, b in moved.items()]
     return html_table(["weights", "bytes moved", "napkin floor", "faster than bf16"], rows)
+
+
+@figure
+def triton_program_map() -> Figure:
+    """kernels.tiles.program_map: which program stores each of 100 values in blocks of 32 (the
+    tracer kernel runs in Triton's interpreter without a GPU); lanes past n are masked."""
+    import numpy as np
+
+    from kernels.tiles import program_map
+    owner = program_map(100, 32).numpy()
+    lanes = np.full(128, -1)
+    lanes[:100] = owner
+    colours = [BLUE, ORANGE, GREEN, PURPLE]
+    from matplotlib.patches import Rectangle
+    fig, ax = new_figure(10, 1.9)
+    for i, p in enumerate(lanes):
+        ax.add_patch(Rectangle((i, 0), 1, 1, color=colours[p] if p >= 0 else "0.88", lw=0))
+    for p in range(3):
+        ax.text(p * 32 + 16, 0.5, f"program {p}\n{int((owner == p).sum())} live lanes",
+                ha="center", va="center", fontsize=9, color="white")
+    ax.text(98, 1.04, f"program 3: {int((owner == 3).sum())} live lanes", ha="center",
+            va="bottom", fontsize=9)
+    ax.text(114, 0.5, "program 3, masked:\noffs >= n", ha="center", va="center", fontsize=9)
+    ax.set_xlim(0, 128)
+    ax.set_ylim(0, 1)
+    ax.set_yticks([])
+    ax.set_xticks([0, 32, 64, 96, 100, 128])
+    ax.set_xlabel("offs = program_id * BLOCK + tl.arange(0, BLOCK)    (n = 100, BLOCK = 32)")
+    return fig
+
+
+@figure
+def triton_tile_walk() -> Figure:
+    """kernels.tiles.tile_walk: for W [40, 96], the program that loads each element (colour)
+    and the step of its loop over K (number), BLOCK_N = 16, BLOCK_K = 32."""
+    from kernels.tiles import tile_walk
+    prog, step = tile_walk(40, 96, 16, 32)
+    fig, ax = new_figure(7.5, 3.4)
+    from matplotlib.colors import ListedColormap
+    ax.imshow(prog.numpy(), aspect="auto", interpolation="nearest",
+              cmap=ListedColormap([BLUE, ORANGE, GREEN]))
+    for p in range(3):
+        rows = (prog[:, 0] == p).nonzero().flatten()
+        for s in range(int(step.max()) + 1):
+            ax.text(s * 32 + 15.5, float(rows.float().mean()), f"step {s}", ha="center",
+                    va="center", color="white", fontsize=9)
+    for edge in (31.5, 63.5):
+        ax.axvline(edge, color="white", lw=1.5)
+    ax.set_xlabel("k  (tiles of BLOCK_K = 32; K = 96)")
+    ax.set_ylabel("n  (BLOCK_N = 16 rows per program;\nthe last has 8: masked)")
+    return fig
+
+
+@figure
+def w4_tile_groups() -> Figure:
+    """One program's walk over K = 256 packed int4 codes in tiles of BLOCK_K = 64
+    (kernels.tiles.tile_walk) against the groups of G = 32 and G = 128: the group index must be
+    taken per k (k // G), not once per tile."""
+    from kernels.tiles import tile_walk
+    _, step = tile_walk(1, 256, 1, 64)
+    k = list(range(256))
+    fig, axes = new_figure(10, 2.6, nrows=3, sharex=True)
+    rows = [("tile (loop step)", step[0].tolist()), ("group, G = 32", [i // 32 for i in k]),
+            ("group, G = 128", [i // 128 for i in k])]
+    colours = [BLUE, ORANGE, GREEN, PURPLE, RED, SKY, GREY, "0.6"]
+    for ax, (label, idx) in zip(axes, rows):
+        for i, g in enumerate(idx):
+            ax.axvspan(i, i + 1, color=colours[g % len(colours)], lw=0)
+        for g in sorted(set(idx)):
+            first = idx.index(g)
+            width = idx.count(g)
+            ax.text(first + width / 2, 0.5, str(g), ha="center", va="center", color="white",
+                    fontsize=9)
+        ax.set_yticks([])
+        ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=9)
+        ax.set_xlim(0, 256)
+    axes[-1].set_xlabel("k (byte k // 2 holds it: low nibble for even k, high for odd)")
+    return fig

@@ -3,9 +3,22 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from .common import BLUE, GREEN, GREY, ORANGE, RED, figure, html_table, new_figure, style_axes
+from .common import (
+    BLUE,
+    GREEN,
+    GREY,
+    ORANGE,
+    PURPLE,
+    RED,
+    SKY,
+    figure,
+    html_table,
+    new_figure,
+    style_axes,
+)
 
-# Counts only: the fragmentation replay, BlockManager, the kernels' pick_num_splits, napkin bytes.
+# Counts only: the fragmentation replay, BlockManager, the kernels' pick_num_splits, napkin bytes,
+# and lab 07's kernel helpers (the walk, the grid, the test cases).
 
 @figure
 def fragmentation() -> Figure:
@@ -219,5 +232,159 @@ def split_programs() -> Figure:
     ax.set_ylabel("programs in the grid")
     ax.set_title("at small batch the unsplit grid leaves most SMs idle", fontsize=11)
     ax.legend(fontsize=9)
+    style_axes(ax)
+    return fig
+
+
+# --- the student's Triton kernel: grid, tile walk, masks -------------------------------------------
+# The same helpers the lab uses (kernels/tiles.py): paged_tile_walk prints the walk in the notebook
+# (07_tile_walk); tokens_per_split and kernel_tiles are what the launchers
+# (autograder/labs/lab07_triton.py) pass to the kernels.
+WALK_TABLE, WALK_LEN, WALK_BLOCK, WALK_TILE = [7, 2, 5, 11, 0, 9, -1], 21, 4, 16
+
+
+@figure
+def kernel_grid() -> Figure:
+    """The programs of the split kernel's grid (B_seq, K, S) for sequences of 21, 9 and 14
+    tokens, 8 query and 2 KV heads, blocks of 4, a table of 7 columns, 3 splits
+    (kernels.tiles.tokens_per_split); S = 1 is the decode kernel's grid (B_seq, K)."""
+    from matplotlib.patches import Rectangle
+
+    from kernels.tiles import tokens_per_split
+    lens, N, K, width, S = [21, 9, 14], 8, 2, 7, 3
+    G, tps = N // K, tokens_per_split(width, WALK_BLOCK, S)
+    fig, ax = new_figure(10, 4.3)
+    for b, L in enumerate(lens):
+        for kvh in range(K):
+            y = -(b * K + kvh) - 0.35 * b
+            ax.text(-0.1, y + 0.45, f"seq {b} (L = {L}), KV head {kvh}: q heads "
+                    f"{kvh * G}..{kvh * G + G - 1}", ha="right", va="center", fontsize=10)
+            for s in range(S):
+                t0, t1 = s * tps, min((s + 1) * tps, L)
+                empty = t1 <= t0
+                ax.add_patch(Rectangle((s * 1.1, y), 1.0, 0.9, color="#eeeeee" if empty else
+                                       [BLUE, ORANGE][kvh], lw=0))
+                ax.text(s * 1.1 + 0.5, y + 0.45, "empty: lse = -inf" if empty else
+                        f"positions {t0}..{t1 - 1}", ha="center", va="center", fontsize=9,
+                        color="black" if empty else "white")
+    for s in range(S):
+        ax.text(s * 1.1 + 0.5, 1.05, f"split {s}: [{s * tps}, {(s + 1) * tps})", ha="center",
+                va="bottom", fontsize=10)
+    ax.set_title(f"program (b, kvh, s) = (tl.program_id(0), (1), (2)); {S} splits of "
+                 f"{tps} positions (whole blocks of {WALK_BLOCK})", fontsize=11)
+    ax.set_xlim(-4.2, S * 1.1)
+    ax.set_ylim(-len(lens) * K - 0.35 * len(lens), 1.6)
+    ax.axis("off")
+    return fig
+
+
+@figure
+def tile_walk() -> Figure:
+    """One program's walk over a sequence of 21 tokens, blocks of 4, tiles of 16 positions
+    (kernels.tiles.paged_tile_walk, the walk the lab prints): each position's block-table column, block id
+    and slot; masked positions (>= the length) are never loaded."""
+    from matplotlib.patches import Rectangle
+
+    from kernels.tiles import paged_tile_walk as walk
+    tiles = walk(WALK_TABLE, WALK_LEN, WALK_BLOCK, WALK_TILE)
+    palette = [BLUE, ORANGE, GREEN, PURPLE, SKY, RED]
+    fig, ax = new_figure(11, 3.9)
+    for i, tile in enumerate(tiles):
+        y = -1.9 * i
+        ax.text(-0.3, y + 0.45, f"tile {i}\nt0 = {tile['positions'][0]}", ha="right",
+                va="center", fontsize=10)
+        for j, (pos, col, blk, slot, ok) in enumerate(zip(tile["positions"], tile["column"],
+                                                          tile["block"], tile["slot"],
+                                                          tile["mask"])):
+            colour = palette[col % len(palette)] if ok else "#eeeeee"
+            ax.add_patch(Rectangle((j, y), 0.94, 0.9, color=colour, lw=0,
+                                   hatch=None if ok else "//"))
+            ax.text(j + 0.47, y + 0.45, str(pos), ha="center", va="center", fontsize=9,
+                    color="white" if ok else GREY)
+            ax.text(j + 0.47, y - 0.2, str(slot) if ok else "×", ha="center", va="center",
+                    fontsize=8, color="black" if ok else RED)
+        for col in sorted(set(tile["column"])):
+            js = [j for j, c in enumerate(tile["column"]) if c == col]
+            label = f"table[{col}] = {WALK_TABLE[col]}" if col < len(WALK_TABLE) else \
+                f"column {col}: past the table"
+            ax.text(js[0] + len(js) / 2 - 0.03, y + 1.05, label, ha="center", va="bottom",
+                    fontsize=8)
+    ax.text(-0.3, -0.2, "slot", ha="right", va="center", fontsize=9)
+    ax.set_title(f"slot = table[pos // {WALK_BLOCK}] · {WALK_BLOCK} + pos % {WALK_BLOCK};  "
+                 f"positions ≥ L = {WALK_LEN} masked (×): never loaded", fontsize=11)
+    ax.set_xlim(-2.2, WALK_TILE + 0.2)
+    ax.set_ylim(-1.9 * (len(tiles) - 1) - 0.6, 1.5)
+    ax.axis("off")
+    return fig
+
+
+@figure
+def kernel_masks() -> Figure:
+    """The three masked tiles of one step of the walk, for G = 4 query heads of H = 12 and the
+    last tile of the 21-token sequence (BLOCK_G, BLOCK_H from kernels.tiles.kernel_tiles, the mask from
+    its paged_tile_walk): q [BLOCK_G, BLOCK_H], K or V [BLOCK_T, BLOCK_H], scores [BLOCK_G, BLOCK_T]."""
+    import numpy as np
+
+    from kernels.tiles import kernel_tiles
+    from kernels.tiles import paged_tile_walk as walk
+    G, H = 4, 12
+    tiles = kernel_tiles(G * 2, 2, H, WALK_TILE)
+    BG, BH, BT = tiles["BLOCK_G"], tiles["BLOCK_H"], tiles["BLOCK_T"]
+    t_ok = np.array(walk(WALK_TABLE, WALK_LEN, WALK_BLOCK, WALK_TILE)[-1]["mask"])
+    g_ok, h_ok = np.arange(BG) < G, np.arange(BH) < H
+    panels = [("q tile: rows < G, columns < H\n(load with other=0)", g_ok[:, None] & h_ok[None, :],
+               "query head in the group", "head dim"),
+              ("K / V tile: positions < L, columns < H\n(never loaded past L)",
+               t_ok[:, None] & h_ok[None, :], "position t0 + i", "head dim"),
+              ("scores: set to -inf past L\n(weight e^(-inf) = 0)",
+               np.broadcast_to(t_ok[None, :], (BG, BT)) & g_ok[:, None], "query head",
+               "position t0 + j")]
+    fig, axes = new_figure(11, 3.9, ncols=3)
+    from matplotlib.colors import ListedColormap
+    for ax, (title, mask, ylabel, xlabel) in zip(axes, panels):
+        ax.imshow(mask, cmap=ListedColormap(["#e6e6e6", BLUE]), vmin=0, vmax=1,
+                  interpolation="nearest")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel, fontsize=10)
+        ax.set_xlabel(xlabel, fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"blue: real values; gray: padding (BLOCK_G = {BG}, BLOCK_H = {BH}, "
+                 f"BLOCK_T = {BT}; G = {G}, H = {H}, last tile of L = {WALK_LEN})", fontsize=11)
+    return fig
+
+
+@figure
+def running_max() -> Figure:
+    """Scores of one query head over the 40 positions of a sequence built like the hidden tests'
+    large-score case (the keys share a component and the query points along it, so scale * q . k
+    lies far above 88.7), the running max after each tile of 8 positions, and where exp overflows
+    float32."""
+    import numpy as np
+    import torch
+
+    H, L, tile = 16, 40, 8
+    g = torch.Generator().manual_seed(7013)
+    common = torch.randn(H, generator=g)
+    common = common / common.norm() * H ** 0.5
+    k = common + 0.5 * torch.randn(L, H, generator=g)
+    q = 40.0 * common + torch.randn(H, generator=g)
+    s = (k @ q * H ** -0.5).numpy()
+    fig, ax = new_figure(9, 3.8)
+    top = max(s.max(), 90) * 1.15
+    ax.axhspan(88.7, top, color=RED, alpha=0.08, lw=0)
+    ax.axhline(88.7, color=RED, ls="--", lw=1.2)
+    ax.bar(np.arange(L), s, color=BLUE, width=0.8, label="score s_j of query head 0")
+    run = np.maximum.accumulate([s[t0:t0 + tile].max() for t0 in range(0, L, tile)])
+    for i, m in enumerate(run):
+        ax.hlines(m, i * tile - 0.5, min(L, i * tile + tile) - 0.5, color=ORANGE, lw=3,
+                  label=f"running max m after each tile of {tile}" if i == 0 else None)
+    ax.text(-0.5, 80, "above 88.7: e^s = inf in float32; e^(s - m) <= 1 always", color=RED,
+            ha="left", va="top", fontsize=10,
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+    ax.set_xlabel("position j")
+    ax.set_ylabel("scale · q · k_j")
+    ax.set_ylim(0, top)
+    ax.legend(loc="lower right", fontsize=9, framealpha=0.9)
     style_axes(ax)
     return fig

@@ -1,0 +1,295 @@
+"""Lab 04's Triton kernels as the hidden tests grade them (autograder/labs/lab04_triton.py).
+
+* the notebook's own solution kernels pass every check;
+* a second set, written independently and differently (a reduction kept 2-D until the end, a
+  one-pass RMSNorm, nibbles split into two half-tiles with x read at stride 2...), passes too:
+  the checks grade what a kernel computes, not how the course wrote it;
+* the classic mistakes fail with a message that names them: a store or load without a mask on
+  the tail, a group index taken once per tile, the nibbles swapped, the scale forgotten;
+* so does anything that is not the student's Triton: a plain Python function, a @triton.jit
+  body that calls torch or reaches an interpreter handle, the course's own kernel;
+* the GPU speed check runs its whole path as a dry run on the CPU;
+* the tracer kernels behind the primer's picture (kernels/tiles.py) say which program did what.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels  # noqa: F401  (sets TRITON_INTERPRET without a GPU before any kernel is defined)
+from autograder.labs import kernelcheck as kc
+from autograder.labs import lab04_triton as tri
+from kernels.tiles import program_map, tile_walk
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK = REPO / "labs" / "04_quantization" / "04_quantization.ipynb"
+KERNEL_CELLS = {"04_tri_silu": "silu_mul", "04_tri_rmsnorm": "rmsnorm", "04_tri_matvec": "matvec",
+                "04_gemv_w8": "w8a16_gemv", "04_gemv_w4": "w4a16_gemv"}
+HEADER = "import torch\nimport triton\nimport triton.language as tl\nimport kernels\n\n\n"
+
+
+def _import(path: Path, name: str):
+    """Import a file as a module: Triton reads a kernel's source from its file."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _solution_source() -> str:
+    cells = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(c["source"])
+             for c in json.loads(NOTEBOOK.read_text())["cells"]}
+    return HEADER + "\n\n\n".join(cells[g] for g in KERNEL_CELLS) + "\n"
+
+
+@pytest.fixture(scope="module")
+def module_from(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kernels")
+    made = {}
+
+    def make(source: str, name: str):
+        if name not in made:
+            path = folder / f"{name}.py"
+            path.write_text(source)
+            made[name] = _import(path, f"student_kernels_{name}")
+        return made[name]
+    return make
+
+
+@pytest.fixture(scope="module")
+def solution(module_from):
+    return module_from(_solution_source(), "solution")
+
+
+@pytest.mark.parametrize("what", list(KERNEL_CELLS.values()))
+def test_the_notebook_solution_passes(solution, what):
+    getattr(tri, f"check_{what}")(getattr(solution, f"{what}_kernel"))
+
+
+OTHER = HEADER + r'''
+@triton.jit
+def silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = BLOCK * tl.program_id(0) + tl.arange(0, BLOCK)
+    live = i < n
+    g = tl.load(g_ptr + i, mask=live, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + i, mask=live, other=0.0).to(tl.float32)
+    tl.store(out_ptr + i, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, out_ptr, C, stride_x, stride_out, eps, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    total = 0.0
+    for start in range(0, C, BLOCK):                       # scalar running total
+        c = start + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + r * stride_x + c, mask=c < C, other=0.0).to(tl.float32)
+        total += tl.sum(v * v, axis=0)
+    scale = tl.rsqrt(total / C + eps)
+    for start in range(0, C, BLOCK):
+        c = start + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + r * stride_x + c, mask=c < C, other=0.0).to(tl.float32)
+        g = tl.load(w_ptr + c, mask=c < C, other=0.0).to(tl.float32)
+        tl.store(out_ptr + r * stride_out + c, (v * scale * g).to(out_ptr.dtype.element_ty),
+                 mask=c < C)
+
+
+@triton.jit
+def matvec_kernel(w_ptr, x_ptr, y_ptr, N, K, stride_wn, stride_wk,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)   # reduced once, after the loop
+    for t in range(0, tl.cdiv(K, BLOCK_K)):
+        k = t * BLOCK_K + tl.arange(0, BLOCK_K)
+        tile = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :] * stride_wk,
+                       mask=(n[:, None] < N) & (k[None, :] < K), other=0.0)
+        xv = tl.load(x_ptr + k, mask=k < K, other=0.0)
+        acc += tile.to(tl.float32) * xv.to(tl.float32)[None, :]
+    tl.store(y_ptr + n, tl.sum(acc, axis=1), mask=n < N)
+
+
+@triton.jit
+def w8a16_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, N, K, stride_xm, stride_qn, stride_ym,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    row = tl.program_id(1)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    scale = tl.load(s_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+    out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        q = tl.load(q_ptr + n[:, None] * stride_qn + k[None, :],
+                    mask=(n[:, None] < N) & (k[None, :] < K), other=0)
+        xv = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+        out += tl.sum(q.to(tl.float32) * scale[:, None] * xv[None, :], axis=1)
+    tl.store(y_ptr + row * stride_ym + n, out.to(y_ptr.dtype.element_ty), mask=n < N)
+
+
+@triton.jit
+def w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, N, K, stride_xm, stride_qn, stride_sn,
+                      stride_ym, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    # walks bytes, not codes: half a tile of bytes = BLOCK_K codes, even and odd k apart
+    HALF: tl.constexpr = BLOCK_K // 2
+    row = tl.program_id(1)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j0 in range(0, K // 2, HALF):
+        j = j0 + tl.arange(0, HALF)
+        ok = n_ok[:, None] & (j < K // 2)[None, :]
+        b = tl.load(q_ptr + n[:, None] * stride_qn + j[None, :], mask=ok, other=0).to(tl.int32)
+        k_even, k_odd = 2 * j, 2 * j + 1
+        for half in tl.static_range(2):
+            if half == 0:
+                k = k_even
+                code = b & 15
+            else:
+                k = k_odd
+                code = (b >> 4) & 15
+            idx = n[:, None] * stride_sn + (k // GROUP)[None, :]
+            s = tl.load(s_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+            xv = tl.load(x_ptr + row * stride_xm + k, mask=j < K // 2, other=0.0).to(tl.float32)
+            out += tl.sum((code.to(tl.float32) - z) * s * xv[None, :], axis=1)
+    tl.store(y_ptr + row * stride_ym + n, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+'''
+
+
+@pytest.mark.parametrize("what", list(KERNEL_CELLS.values()))
+def test_a_differently_written_kernel_passes(module_from, what):
+    other = module_from(OTHER, "other")
+    getattr(tri, f"check_{what}")(getattr(other, f"{what}_kernel"))
+
+
+# (kernel, old, new, words the failure must contain): each a classic mistake in the solution
+MISTAKES = {
+    "store without a mask": ("silu_mul", "out.to(out_ptr.dtype.element_ty), mask=mask)",
+                             "out.to(out_ptr.dtype.element_ty))", "wrote outside"),
+    "x loaded without the K mask": ("matvec", "x = tl.load(x_ptr + ks, mask=k_ok, other=0.0)",
+                                    "x = tl.load(x_ptr + ks)", "NaN in the output"),
+    "mean over the block, not the row": ("rmsnorm", "tl.sum(sq, axis=0) / C", "tl.sum(sq, axis=0) / BLOCK",
+                                         "differ"),
+    "scale forgotten": ("w8a16_gemv", "(acc * s).to(", "(acc).to(", "differ"),
+    "nibbles swapped": ("w4a16_gemv", "(ks % 2) * 4", "(1 - ks % 2) * 4", "differ"),
+    "one group per tile": ("w4a16_gemv", "grp = ks // GROUP", "grp = k0 // GROUP", "differ"),
+    "torch inside the kernel": ("w4a16_gemv", "acc += tl.sum((q - z)", "torch.zeros(1)\n        acc += tl.sum((q - z)",
+                                "torch.zeros"),
+    "the interpreter's handle": ("matvec", "acc += tl.sum(w *", "w.handle\n        acc += tl.sum(w *", "handle"),
+    "the course's kernel called": ("w8a16_gemv", "acc += tl.sum(q *",
+                                   "kernels.w8a16_matmul(x, q, s)\n        acc += tl.sum(q *", "kernels"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_classic_mistakes_fail_and_say_why(module_from, mistake):
+    what, old, new, words = MISTAKES[mistake]
+    src = _solution_source()
+    assert src.count(old) == 1, old
+    bad = module_from(src.replace(old, new), re.sub(r"\W", "_", mistake))
+    with pytest.raises(AssertionError, match=re.escape(words)):
+        getattr(tri, f"check_{what}")(getattr(bad, f"{what}_kernel"))
+
+
+def test_what_is_not_the_students_triton_is_refused(solution):
+    import kernels.dequant_matmul as dm
+
+    def plain(x_ptr, q_ptr, s_ptr, y_ptr, N, K, sxm, sqn, sym, BLOCK_N, BLOCK_K):
+        raise AssertionError("never launched")
+    with pytest.raises(AssertionError, match="must be a @triton.jit kernel"):
+        tri.check_w8a16_gemv(plain)
+    with pytest.raises(AssertionError, match="course's kernel"):
+        tri.check_w8a16_gemv(dm._w8a16_fma_kernel)
+    with pytest.raises(AssertionError, match="must be a @triton.jit kernel"):
+        tri.check_matvec(solution.matvec_kernel.fn)
+
+
+def test_course_kernels_are_off_inside_the_check_and_back_after():
+    import kernels as K
+    x, q, s = torch.randn(1, 32), torch.ones(8, 32, dtype=torch.int8), torch.ones(8)
+    before = K.w8a16_matmul_ref(x, q, s)
+    with kc.course_kernels_disabled():
+        with pytest.raises(AssertionError, match="disabled"):
+            K.w8a16_matmul_ref(x, q, s)
+    assert torch.equal(K.w8a16_matmul_ref(x, q, s), before)
+
+
+@pytest.mark.parametrize("fmt", ["w8a16", "w4a16"])
+def test_the_gpu_speed_check_runs_as_a_dry_run(solution, fmt):
+    r = tri.check_gemv_speed(fmt, getattr(solution, f"{fmt}_gemv_kernel"), dry_run=True, N=32,
+                             K=128, group_size=32, warmup=1, repeats=2)
+    assert r["dry_run"] is True
+    assert r["student_s"] > 0 and r["reference_s"] > 0 and r["copy_GBps"] > 0
+    assert r["fraction_of_copy"] == pytest.approx(r["student_GBps"] / r["copy_GBps"])
+    assert r["ratio_to_reference"] == pytest.approx(r["reference_s"] / r["student_s"])
+
+
+def test_the_speed_check_fails_below_its_thresholds(monkeypatch):
+    # as on a GPU (not a dry run), with the timings forced: 2x slower than the course, 5% of copy
+    fake = {"student_s": 2.0, "reference_s": 1.0, "student_GBps": 5.0, "copy_GBps": 100.0,
+            "fraction_of_copy": 0.05, "ratio_to_reference": 0.5, "dry_run": False}
+    monkeypatch.setattr(kc, "kernel_speed", lambda *a, **k: fake)
+    with pytest.raises(AssertionError, match="5% of a device copy"):
+        kc.check_kernel_speed(None, None, 1, what="w8a16", min_fraction_of_copy=0.1,
+                              min_ratio_to_reference=0.25)
+    assert kc.check_kernel_speed(None, None, 1, what="w8a16", min_fraction_of_copy=0.04,
+                                 min_ratio_to_reference=0.25) is fake
+
+
+def test_the_tracer_kernels_show_programs_masks_and_steps():
+    owner = program_map(100, 32)
+    assert owner.tolist() == [i // 32 for i in range(100)]
+    prog, step = tile_walk(40, 96, 16, 32)
+    n, k = torch.meshgrid(torch.arange(40), torch.arange(96), indexing="ij")
+    assert torch.equal(prog, (n // 16).int()) and torch.equal(step, (k // 32).int())
+    with pytest.raises(ValueError, match="power of two"):
+        tile_walk(4, 4, 3, 4)
+
+
+def test_launchers_refuse_bad_arguments(solution):
+    with pytest.raises(ValueError, match="power of two"):
+        tri.silu_mul(solution.silu_mul_kernel, torch.ones(4), torch.ones(4), block=24)
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        tri.w4a16_gemv(solution.w4a16_gemv_kernel, torch.ones(1, 48), torch.zeros(4, 24, dtype=torch.uint8),
+                       torch.ones(4, 1), torch.ones(4, 1), 32)
+    with pytest.raises(ValueError, match="int8"):
+        tri.w8a16_gemv(solution.w8a16_gemv_kernel, torch.ones(1, 8), torch.ones(4, 8), torch.ones(4))
+
+
+def test_a_kernel_whose_code_is_not_its_source_or_leans_on_course_helpers_is_refused(module_from):
+    src = _solution_source()
+    swapped = module_from(src, "swapped")
+    other = module_from(OTHER, "other")
+    swapped.matvec_kernel.fn.__code__ = other.silu_mul_kernel.fn.__code__
+    with pytest.raises(AssertionError, match="source"):       # not its own code
+        tri.check_matvec(swapped.matvec_kernel)
+    old = "q = ((byte >> ((ks % 2) * 4)[None, :]) & 0xF).to(tl.float32)"
+    assert src.count(old) == 1
+    helper = module_from(src.replace("import kernels\n", "import kernels\nfrom kernels.dequant_matmul import _uint_to_f32\n")
+                         .replace(old, "q = _uint_to_f32((byte >> ((ks % 2) * 4)[None, :]) & 0xF)"),
+                         "course_helper")
+    with pytest.raises(AssertionError, match="course's kernel"):
+        tri.check_w4a16_gemv(helper.w4a16_gemv_kernel)
+
+
+def test_fake_triton_modules_and_attached_hooks_are_refused(module_from):
+    src = _solution_source()
+    # a module the notebook made and named like Triton, whose function claims to be Triton's
+    fake = module_from(src.replace("import kernels\n", "import kernels\nimport types as _t\n"
+                                   "tlx = _t.ModuleType('triton.language.extra_fast')\n"
+                                   "def _sum(x, axis=None):\n    return x.sum(axis)\n"
+                                   "_sum.__module__ = 'triton.language'\ntlx.sum = _sum\n")
+                       .replace("acc += tl.sum(w * x[None, :], axis=1)",
+                                "acc += tlx.sum(w * x[None, :], axis=1)"), "fake_triton")
+    with pytest.raises(AssertionError, match="not part of Triton"):
+        tri.check_matvec(fake.matvec_kernel)
+    # Python attached to the kernel object (a pre-run hook) would run at each launch: refused
+    hooked = module_from(src, "hooked")
+    hooked.silu_mul_kernel.add_pre_run_hook(lambda *a, **k: None)
+    with pytest.raises(AssertionError, match="pre-run hooks"):
+        tri.check_silu_mul(hooked.silu_mul_kernel)
