@@ -51,7 +51,8 @@ clean-venv:
 # build/feedback/; JOBS=N executes N at once, SCHEDULER=tcp://host:port on a Dask cluster; each
 # kernel runs in a bubblewrap sandbox (apt-get install bubblewrap; see autograder/README.md).
 # selfgrade: NB=path/to/notebook.ipynb, graded in a temporary course; ANSWERS=1 then shows the
-# model answers and rubrics of the written answers you have written.
+# model answers and rubrics of the written answers you have written. release, grade and report
+# run one at a time on build/ (a second one waits up to AUTOGRADER_LOCK_WAIT=600 seconds).
 .PHONY: release grade selfgrade formgrade report
 
 release: $(STAMP)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 
@@ -61,29 +62,36 @@ def main(argv: list[str] | None = None) -> int:
 
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "release":
-            from .course import Course
-            course = Course(args.root) if args.root else Course.find()
-            done = course.release(args.labs or None, missing_only=args.missing)
-            if done:
-                print(f"released {', '.join(done)} -> {course.build / 'release'}")
-            elif args.missing:
-                print(f"all labs already released in {course.build / 'release'}")
-            else:
-                print(f"no labs in {course.root / 'labs'}")
-            return 0
-        if args.cmd == "grade":
-            from .grade import main_grade
-            return main_grade(args)
-        if args.cmd == "report":
-            from .grade import main_report
-            return main_report(args)
-        if args.cmd == "selfgrade":
+        if args.cmd == "selfgrade":                 # a temporary course of its own: no lock
             from .selfgrade import main_selfgrade
             return main_selfgrade(args)
+        from .course import Course
+        course = Course(args.root) if args.root else Course.find()
+        # release, grade and report read and write build/ (release folder, gradebook): one at a
+        # time, the others wait (Course.lock, AUTOGRADER_LOCK_WAIT)
+        with course.lock(shlex.join(sys.argv[1:] if argv is None else argv)):
+            return _run(args, course)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _run(args, course) -> int:
+    if args.cmd == "release":
+        done = course.release(args.labs or None, missing_only=args.missing)
+        if done:
+            print(f"released {', '.join(done)} -> {course.build / 'release'}")
+        elif args.missing:
+            print(f"all labs already released in {course.build / 'release'}")
+        else:
+            print(f"no labs in {course.root / 'labs'}")
+        return 0
+    if args.cmd == "grade":
+        from .grade import main_grade
+        return main_grade(args, course)
+    if args.cmd == "report":
+        from .grade import main_report
+        return main_report(args, course)
     return 2
 
 

@@ -8,12 +8,19 @@ config (without it nbgrader silently uses ./gradebook.db and finds nothing).
 Each nbgrader step and each grading job runs as a child process under limits
 (autograder/processes.py); a submission that crashes, hangs or is killed scores zero for every
 test that did not pass.
+
+`Course.lock` keeps two commands from using one build/ at once (`python -m autograder release`,
+`grade` and `report` hold it for their whole run): the second waits for the first, saying which
+command it waits for, and gives up with an error after AUTOGRADER_LOCK_WAIT seconds.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from .processes import RunResult, package_parent, run_logged, subprocess_env
@@ -22,6 +29,10 @@ from .records import CellScore, GradeRecord
 LAB_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
 STUDENT_RE = re.compile(r"^[A-Za-z0-9_.@-]+$")
 MARGIN_S = 180                      # nbgrader + kernel start-up and shutdown on a busy machine
+LOCK_FILE = ".autograder.lock"      # in build/: the command that holds build/ (Course.lock)
+LOCK_WAIT_ENV = "AUTOGRADER_LOCK_WAIT"
+LOCK_WAIT_S = 600.0                 # covers a release of every lab, or a small grading batch
+LOCK_POLL_S = 0.2
 
 
 def _ensure_alembic_on_path() -> None:
@@ -86,6 +97,46 @@ class Course:
         if lab not in self.labs():
             raise ValueError(f"unknown lab {lab!r}; labs in {self.root / 'labs'}: {self.labs()}")
         return lab
+
+    # one command at a time on build/
+    @contextlib.contextmanager
+    def lock(self, command: str, *, wait: float | None = None, log=None):
+        """Hold build/.autograder.lock (an exclusive `flock`) for the duration of `command`, so
+        that a release and a grading run never share build/ (one's `generate_assignment --force`
+        rewrites the release folder and the gradebook entries the other is reading). If another
+        process holds it, say which and wait up to `wait` seconds (default AUTOGRADER_LOCK_WAIT,
+        else 600; 0 = do not wait), then raise RuntimeError naming it. The lock goes with its
+        process: a command that was killed leaves nothing to clean up. Not re-entrant: take it
+        once per command (autograder/__main__.py does)."""
+        wait = lock_wait_seconds() if wait is None else float(wait)
+        log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.build.mkdir(parents=True, exist_ok=True)
+        path = self.build / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not _try_flock(fd):
+                deadline = time.monotonic() + wait
+                if wait > 0:
+                    log(f"{_lock_holder(path)} holds {self.build}; waiting for it to finish "
+                        f"(up to {wait:g} s, {LOCK_WAIT_ENV}) ...")
+                while not _try_flock(fd):
+                    if time.monotonic() >= deadline:
+                        raise RuntimeError(
+                            f"{_lock_holder(path)} holds {self.build}"
+                            + (f" (waited {wait:g} s)" if wait > 0 else "")
+                            + f"; `{command}` did not run. Let that command finish (or stop "
+                            f"it), then run this again; {LOCK_WAIT_ENV}=SECONDS sets how long "
+                            "to wait")
+                    time.sleep(LOCK_POLL_S)
+                log(f"{self.build} is free: running `{command}`")
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "command": command,
+                                     "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)     # while still held: a reader never sees a stale holder
+            os.close(fd)                # releases the lock
 
     # nbgrader
     def nbgrader(self, *args: str, log: Path | None = None, timeout: float | None = None,
@@ -223,6 +274,41 @@ class Course:
                              timeout=600,
                              env_extra={"AUTOGRADER_FEEDBACK_HIDDEN": "1"} if hidden_tests
                              else None)
+
+
+def lock_wait_seconds() -> float:
+    """How long Course.lock waits for another command: AUTOGRADER_LOCK_WAIT, else 600 s."""
+    text = os.environ.get(LOCK_WAIT_ENV, "").strip()
+    if not text:
+        return LOCK_WAIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{LOCK_WAIT_ENV} must be a number of seconds (0: do not wait), "
+                         f"not {text!r}") from None
+    if not value >= 0:
+        raise ValueError(f"{LOCK_WAIT_ENV} must be 0 or more seconds, not {text!r}")
+    return value
+
+
+def _try_flock(fd: int) -> bool:
+    import fcntl  # POSIX only, like the rest of the grader
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _lock_holder(path: Path) -> str:
+    """'another autograder command (pid N, `release 00_sampling`, since ...)', from the lock
+    file the holder wrote (just pid unknown if it has not written it yet)."""
+    try:
+        info = json.loads(path.read_text() or "{}")
+        what = [f"pid {int(info['pid'])}", f"`{info['command']}`", f"since {info['since']}"]
+    except (OSError, ValueError, KeyError, TypeError):
+        what = ["pid unknown"]
+    return f"another autograder command ({', '.join(what)})"
 
 
 def _is_autograded(gb, grade, notebook: str, lab: str, MissingEntry) -> bool:

@@ -214,14 +214,14 @@ def report(course: Course, labs: list[str] | None = None, *, hidden_tests: bool 
     log(format_table(records))
 
 
-def main_report(args) -> int:
-    course = Course(args.root) if args.root else Course.find()
+def main_report(args, course: Course | None = None) -> int:
+    course = course or (Course(args.root) if args.root else Course.find())
     report(course, args.labs or None, hidden_tests=args.feedback_with_hidden_tests)
     return 0
 
 
-def main_grade(args) -> int:
-    course = Course(args.root) if args.root else Course.find()
+def main_grade(args, course: Course | None = None) -> int:
+    course = course or (Course(args.root) if args.root else Course.find())
     records = grade_submissions(course, args.submissions, cell_timeout=args.cell_timeout,
                                 notebook_timeout=args.notebook_timeout, mem_gb=args.mem_gb,
                                 feedback=not args.no_feedback, workers=args.jobs,

@@ -25,6 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FSIZE_LIMIT = 1 << 30
+# matplotlib in a grading kernel: the backend Jupyter's kernel picks by default, so `plt.show()`
+# (or a figure left open at the end of a cell) becomes an image/png output in the executed
+# notebook, the autograded notebook and the feedback, as the student saw it. Set, not defaulted:
+# an instructor's MPLBACKEND (Agg drops every figure, a GUI backend opens windows) never reaches
+# a kernel. The inline backend draws off-screen like Agg, so grading stays headless.
+KERNEL_MPLBACKEND = "module://matplotlib_inline.backend_inline"
 
 
 def package_parent() -> Path:
@@ -35,7 +41,8 @@ def package_parent() -> Path:
 def subprocess_env(extra: dict | None = None) -> dict:
     """Environment for nbgrader subprocesses: the venv's bin first on PATH (nbgrader shells out
     to `alembic`), and the directory holding `autograder`/`minillm` on PYTHONPATH so the kernel
-    imports the same packages as the grader whatever its working directory."""
+    imports the same packages as the grader whatever its working directory; MPLBACKEND is the
+    inline backend (KERNEL_MPLBACKEND) for the kernels those processes start."""
     env = dict(os.environ)
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bindir] + [p for p in env.get("PATH", "").split(os.pathsep)
@@ -43,7 +50,7 @@ def subprocess_env(extra: dict | None = None) -> dict:
     pp = [str(package_parent())] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pp))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env.setdefault("MPLBACKEND", "Agg")
+    env["MPLBACKEND"] = KERNEL_MPLBACKEND
     env.pop("JUPYTER_PLATFORM_DIRS", None)
     if extra:
         env.update(extra)

@@ -80,7 +80,7 @@ import psutil
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Instance
 
-from .processes import package_parent
+from .processes import KERNEL_MPLBACKEND, package_parent
 
 __all__ = ["SandboxSpec", "SandboxKernelManager", "bwrap_path", "sandbox_unavailable_reason",
            "default_ro_paths", "default_env", "bwrap_argv", "PACKAGES"]
@@ -195,10 +195,11 @@ def default_ro_paths() -> list[Path]:
 
 def default_env(home: Path) -> dict[str, str]:
     """The whole environment of the kernel: PATH (the virtualenv's bin first), HOME and the
-    Jupyter/IPython/matplotlib/cache directories under it, PYTHONPATH = the directory holding the
-    course's packages (inside the sandbox it holds only the bound package directories),
-    PYTHONUNBUFFERED, LANG, and the PASSTHROUGH_ENV variables the grader has set. Nothing else
-    of the grader's environment."""
+    Jupyter/IPython/matplotlib/cache directories under it, MPLBACKEND = Jupyter's inline backend
+    (figures become image/png outputs), PYTHONPATH = the directory holding the course's packages
+    (inside the sandbox it holds only the bound package directories), PYTHONUNBUFFERED, LANG,
+    and the PASSTHROUGH_ENV variables the grader has set. Nothing else of the grader's
+    environment."""
     home = Path(home)
     venv_bin = str(Path(sys.prefix).absolute() / "bin")
     env = {
@@ -208,6 +209,7 @@ def default_env(home: Path) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "LANG": "C.UTF-8",
         "MPLCONFIGDIR": str(home / ".config" / "matplotlib"),
+        "MPLBACKEND": KERNEL_MPLBACKEND,
         "IPYTHONDIR": str(home / ".ipython"),
         "JUPYTER_CONFIG_DIR": str(home / ".jupyter"),
         "JUPYTER_DATA_DIR": str(home / ".local" / "share" / "jupyter"),

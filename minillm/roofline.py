@@ -18,6 +18,9 @@ Read it top to bottom; it follows the lecture.
        throughput = B / latency
    For Llama-2-13B on an H100 at S = 1000: B = 1 -> ~8 ms/token, ~124 tok/s; B = 256 needs
    ~240 GB and does not fit in 80 GB; with GQA (K = 8 instead of 40) it does.
+   Several GPUs (`tensor_parallel_napkin`): G copies keep the latency and multiply throughput
+   by G; splitting one model G ways divides each GPU's bytes by G and adds two all-reduces of
+   B x D activations per layer over NVLink or PCIe.
 4. Any machine has a roofline: time X @ W over batch sizes, and the best FLOP/s and the best
    bytes/s reached are its two roofs (`empirical_roofline`); lab 01 measures the CPU it runs on.
 
@@ -341,6 +344,91 @@ def latency_throughput_curve(model: ModelConfig | str, hw: Hardware | str, seq_l
                                          kv_bytes_per_value),
         "max_throughput_tok_s": rows[0]["max_throughput_tok_s"],
         "memory_limit_bytes": get_hardware(hw).memory_bytes,
+    }
+
+
+# ============================================================================================
+# 4b. Several GPUs: M copies of the model, or one model split G ways (tensor parallelism)
+# ============================================================================================
+
+# GPU-to-GPU links, bytes/s per GPU in one direction. The notes give NVLink 300 GB/s (an A100's
+# NVLink 3) and PCIe 60 GB/s; an H100 SXM's NVLink 4 moves 450 GB/s each way (900 GB/s both).
+LINKS: dict[str, float] = {"nvlink-a100": 300e9, "nvlink-h100": 450e9, "pcie": 60e9}
+
+
+def _link_bytes_per_s(link: float | str) -> float:
+    if isinstance(link, str):
+        if link.lower() not in LINKS:
+            raise ValueError(f"unknown link {link!r}; choose one of {sorted(LINKS)} or pass "
+                             f"bytes/s")
+        return LINKS[link.lower()]
+    return _check_bytes("link bandwidth (bytes/s)", link)
+
+
+def kv_share_per_gpu(kv_heads: int, gpus: int) -> float:
+    """Fraction of each sequence's KV cache one of G GPUs holds: K/G heads each when G divides K;
+    when G > K each GPU keeps the one KV head its query heads read (replicated G/K times)."""
+    if kv_heads % gpus == 0:
+        return 1 / gpus
+    if gpus % kv_heads == 0:
+        return 1 / kv_heads
+    raise ValueError(f"G = {gpus} GPUs must divide K = {kv_heads} KV heads or be a multiple of "
+                     f"it (a KV head is never split)")
+
+
+def tensor_parallel_napkin(model: ModelConfig | str, hw: Hardware | str, batch: int,
+                           seq_len: int, gpus: int, link: float | str = "nvlink-h100",
+                           kv_heads: int | None = None, bytes_per_param: float = 2,
+                           kv_bytes_per_value: float | None = None,
+                           allreduce_latency_s: float = 0.0, activation_bytes: float = 2) -> dict:
+    """One decode step of `batch` sequences with the model split over `gpus` GPUs (Megatron-style
+    tensor parallelism), next to the lecture's easy alternative, `gpus` independent copies.
+
+    Split: every layer's query heads (and their KV heads) and MLP columns are divided among the
+    G GPUs, and so are the embedding and output head; each GPU reads 1/G of the weights and its
+    share of the KV cache (`kv_share_per_gpu`). Two all-reduces per layer, after W_o and after
+    the MLP's down projection, sum the partial outputs: B tokens x D values each. A ring
+    all-reduce sends and receives 2 (G - 1) / G of the message per GPU, over the link:
+
+        memory per GPU = params * bytes / G + B * kv_per_seq * share
+        communication  = 2 L (2 (G - 1) / G * B * D * activation_bytes / link + allreduce_latency)
+        latency        = memory per GPU / bandwidth + communication     (no overlap assumed)
+        throughput     = B / latency;  fits = memory per GPU <= HBM
+
+    Copies: each of the G GPUs runs the whole model on its own B sequences: latency is the
+    single-GPU napkin's, throughput G times it (`copies_*`; they fit only if one GPU holds a copy
+    and its batch)."""
+    cfg = get_model(model)
+    G = _check_positive_int("gpus", gpus)
+    K = _kv_heads(cfg, kv_heads)
+    if cfg.n_heads % G:
+        raise ValueError(f"G = {G} GPUs must divide N = {cfg.n_heads} query heads")
+    share = kv_share_per_gpu(K, G)
+    link_bw = _link_bytes_per_s(link)
+    if not isinstance(allreduce_latency_s, numbers.Real) or allreduce_latency_s < 0:
+        raise ValueError(f"allreduce_latency_s must be >= 0, got {allreduce_latency_s!r}")
+    one = napkin(cfg, hw, batch, seq_len, kv_heads=K, bytes_per_param=bytes_per_param,
+                 kv_bytes_per_value=kv_bytes_per_value)
+    hw = get_hardware(hw)
+    per_gpu = one["param_bytes"] / G + one["batch"] * one["kv_bytes_per_seq"] * share
+    message = one["batch"] * cfg.dim * activation_bytes
+    ring = 2 * (G - 1) / G * message
+    comm = 2 * cfg.n_layers * (ring / link_bw + allreduce_latency_s) if G > 1 else 0.0
+    latency = per_gpu / hw.mem_bandwidth_bytes_per_s + comm
+    per_seq_s = (one["kv_bytes_per_seq"] * share / hw.mem_bandwidth_bytes_per_s
+                 + (2 * cfg.n_layers * 2 * (G - 1) / G * cfg.dim * activation_bytes / link_bw
+                    if G > 1 else 0.0))
+    free = hw.memory_bytes - one["param_bytes"] / G
+    return {
+        "gpus": G, "batch": one["batch"], "seq_len": one["seq_len"], "kv_heads": K,
+        # as B grows: the weights and the all-reduces' fixed latency amortize away
+        "max_throughput_tok_s": 1 / per_seq_s,
+        "max_batch": max(0, math.floor(free / (one["kv_bytes_per_seq"] * share))),
+        "memory_per_gpu_bytes": per_gpu, "memory_time_s": per_gpu / hw.mem_bandwidth_bytes_per_s,
+        "allreduce_bytes_per_gpu": ring, "comm_s": comm, "latency_s": latency,
+        "throughput_tok_s": one["batch"] / latency, "fits": per_gpu <= hw.memory_bytes,
+        "copies_latency_s": one["latency_s"], "copies_throughput_tok_s": G * one["throughput_tok_s"],
+        "copies_fit": one["fits"], "single": one,
     }
 
 

@@ -33,7 +33,7 @@ def ex() -> NapkinExplorer:
 
 def reset(ex: NapkinExplorer):
     ex.set(model="llama-2-7b", gpu="a100")                       # force a resync of all fields
-    ex.set(model="llama-2-13b", gpu="h100", batch=64, seq_len=1000, bytes_per_param=2.0)
+    ex.set(model="llama-2-13b", gpu="h100", batch=64, seq_len=1000, bytes_per_param=2.0, gpus=1)
     assert ex.state["error"] is None
 
 
@@ -395,3 +395,28 @@ def test_serve_explorer_errors_are_messages(live):
     stopped.stop()
     ex = serve_explorer(stopped, ids)
     assert "has stopped" in ex.state["error"] and SERVE_ERROR_CLASS in ex.readout.value
+
+
+def test_gpus_control_splits_the_model_as_tensor_parallel_napkin(ex):
+    reset(ex)
+    st = ex.set(model="llama-2-13b", gpu="h100", batch=256, seq_len=1000, gpus=4,
+                link="pcie", allreduce_us=5.0)
+    want = rf.tensor_parallel_napkin("llama-2-13b", "h100", 256, 1000, 4, "pcie",
+                                     allreduce_latency_s=5e-6)
+    assert st["error"] is None
+    assert st["row"]["latency_s"] == pytest.approx(want["latency_s"])
+    assert st["row"]["fits"] and st["max_batch"] == want["max_batch"]
+    text = re.sub("<[^>]+>", " ", st["readout_text"])
+    assert "per GPU" in text and "all-reduces" in text and "4 copies instead" in text
+    assert st["plot"]["current"]["latency_ms"] == pytest.approx(1e3 * want["latency_s"])
+    back = ex.set(gpus=1)
+    assert back["row"]["latency_s"] == pytest.approx(
+        rf.napkin("llama-2-13b", "h100", 256, 1000)["latency_s"])
+    assert "copies" not in back["readout_text"]
+
+
+def test_gpus_that_do_not_divide_the_heads_show_a_message(ex):
+    reset(ex)
+    st = ex.set(gpus=16)
+    assert st["error"] and "divide N = 40" in st["error"]
+    reset(ex)

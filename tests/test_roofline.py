@@ -243,3 +243,43 @@ def test_batch_tradeoff_properties(model, hw, seq_len, b1, db, kv_choice):
     assert r2["memory_bytes"] - r1["memory_bytes"] == pytest.approx(db * r0["kv_bytes_per_seq"])
     assert r1["memory_bytes"] == pytest.approx(r0["param_bytes"] + b1 * r0["kv_bytes_per_seq"])
     assert r1["fits"] == (r1["memory_bytes"] <= rf.get_hardware(hw).memory_bytes)
+
+
+# --- several GPUs ---------------------------------------------------------------------------
+def test_tensor_parallel_with_one_gpu_is_the_napkin():
+    one = rf.napkin("llama-2-13b", "h100", 64, 1000)
+    tp = rf.tensor_parallel_napkin("llama-2-13b", "h100", 64, 1000, 1)
+    assert tp["comm_s"] == 0 and tp["latency_s"] == pytest.approx(one["latency_s"], rel=1e-12)
+    assert tp["max_batch"] == rf.max_batch_that_fits("llama-2-13b", "h100", 1000)
+    assert tp["copies_throughput_tok_s"] == pytest.approx(one["throughput_tok_s"])
+
+
+def test_tensor_parallel_splits_bytes_and_pays_two_allreduces_per_layer():
+    cfg = rf.get_model("llama-2-13b")
+    one = rf.napkin(cfg, "h100", 64, 1000)
+    tp = rf.tensor_parallel_napkin(cfg, "h100", 64, 1000, 4, "pcie", allreduce_latency_s=7e-6)
+    assert tp["memory_per_gpu_bytes"] == pytest.approx(one["memory_bytes"] / 4)
+    ring = 2 * 3 / 4 * 64 * cfg.dim * 2
+    assert tp["allreduce_bytes_per_gpu"] == pytest.approx(ring)
+    assert tp["comm_s"] == pytest.approx(2 * cfg.n_layers * (ring / 60e9 + 7e-6))
+    assert tp["latency_s"] == pytest.approx(one["memory_bytes"] / 4 / 3.35e12 + tp["comm_s"])
+    assert tp["copies_throughput_tok_s"] == pytest.approx(4 * one["throughput_tok_s"])
+    # B = 256 needs 236 GB: only the split fits; the largest batch is where per-GPU memory is full
+    big = rf.tensor_parallel_napkin(cfg, "h100", 256, 1000, 4)
+    assert big["fits"] and not big["copies_fit"]
+    b = big["max_batch"]
+    assert rf.tensor_parallel_napkin(cfg, "h100", b, 1000, 4)["fits"]
+    assert not rf.tensor_parallel_napkin(cfg, "h100", b + 1, 1000, 4)["fits"]
+
+
+def test_tensor_parallel_replicates_kv_heads_when_gpus_outnumber_them():
+    assert rf.kv_share_per_gpu(8, 4) == 1 / 4
+    assert rf.kv_share_per_gpu(2, 8) == 1 / 2          # 8 GPUs, 2 KV heads: each GPU keeps one
+    with pytest.raises(ValueError, match="never split"):
+        rf.kv_share_per_gpu(6, 4)
+    with pytest.raises(ValueError, match="divide N = 40"):
+        rf.tensor_parallel_napkin("llama-2-13b", "h100", 1, 1000, 16)
+    with pytest.raises(ValueError, match="unknown link"):
+        rf.tensor_parallel_napkin("llama-2-13b", "h100", 1, 1000, 2, "infiniband")
+    with pytest.raises(ValueError, match="allreduce_latency_s"):
+        rf.tensor_parallel_napkin("llama-2-13b", "h100", 1, 1000, 2, allreduce_latency_s=-1)

@@ -12,7 +12,10 @@ step of the whole batch costs according to the lecture's formulas
     throughput = B / latency
 
 and the plot shows the latency/throughput trade-off over batch sizes, with the batch size at
-which the KV cache fills the GPU's memory marked. Nothing here is new math: every number comes
+which the KV cache fills the GPU's memory marked. With "GPUs" above 1 the model is split over
+that many GPUs (tensor parallelism, `minillm.roofline.tensor_parallel_napkin`): each reads its
+share of the bytes, and two all-reduces per layer cross the chosen link; the readout also gives
+the same GPUs running copies of the model. Nothing here is new math: every number comes
 from `minillm.roofline.napkin` / `latency_throughput_curve`, so the explorer and the lab agree.
 
 The returned `NapkinExplorer` is itself the widget (a VBox). For scripts and tests it exposes
@@ -104,6 +107,12 @@ class NapkinExplorer(widgets.VBox):
                                                 value=float(bytes_per_param),
                                                 description="bytes/param", style=STYLE,
                                                 layout=LAYOUT)
+        c["gpus"] = widgets.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="GPUs G",
+                                     style=STYLE, layout=LAYOUT)
+        c["link"] = widgets.Dropdown(options=list(rf.LINKS), value="nvlink-h100",
+                                     description="link", style=STYLE, layout=LAYOUT)
+        c["allreduce_us"] = widgets.FloatText(value=5.0, description="all-reduce α (µs)",
+                                              style=STYLE, layout=LAYOUT)
         self.controls = c
         for w in c.values():
             w.observe(self._on_change, names="value")
@@ -115,7 +124,8 @@ class NapkinExplorer(widgets.VBox):
         gpu_box = widgets.VBox([widgets.HTML("<b>GPU</b>"), c["gpu"], c["bandwidth_tb_s"],
                                 c["memory_gb"], c["peak_tflops"]])
         work_box = widgets.VBox([widgets.HTML("<b>workload</b>"), c["batch"], c["seq_len"],
-                                 c["bytes_per_param"]])
+                                 c["bytes_per_param"], widgets.HTML("<b>GPUs</b>"), c["gpus"],
+                                 c["link"], c["allreduce_us"]])
         title = widgets.HTML("<b>Napkin math of one decode step</b> (memory-bound: "
                              "latency = bytes / bandwidth)")
         super().__init__([title, widgets.HBox([
@@ -208,17 +218,39 @@ class NapkinExplorer(widgets.VBox):
         try:
             cfg, hw = self.model_config(), self.hardware()
             batch, seq_len, bpp = c["batch"].value, c["seq_len"].value, c["bytes_per_param"].value
-            row = rf.napkin(cfg, hw, batch, seq_len, bytes_per_param=bpp)
-            max_batch = rf.max_batch_that_fits(cfg, hw, seq_len, bytes_per_param=bpp)
-            curve = rf.latency_throughput_curve(cfg, hw, seq_len, plot_batches(max_batch, batch),
-                                                bytes_per_param=bpp)
+            G = c["gpus"].value
+            alpha = c["allreduce_us"].value
+            if alpha is None or alpha < 0:
+                raise ValueError(f"the all-reduce latency must be >= 0 µs, got {alpha}")
+
+            def step(b):
+                one = rf.napkin(cfg, hw, b, seq_len, bytes_per_param=bpp)
+                if G == 1:
+                    return one
+                tp = rf.tensor_parallel_napkin(cfg, hw, b, seq_len, G, c["link"].value,
+                                               bytes_per_param=bpp,
+                                               allreduce_latency_s=alpha * 1e-6)
+                return {**one, **{k: tp[k] for k in (
+                    "gpus", "latency_s", "throughput_tok_s", "fits", "memory_per_gpu_bytes",
+                    "comm_s", "copies_latency_s", "copies_throughput_tok_s", "copies_fit",
+                    "max_throughput_tok_s", "max_batch")}}
+
+            row = step(batch)
+            max_batch = row["max_batch"] if G > 1 else \
+                rf.max_batch_that_fits(cfg, hw, seq_len, bytes_per_param=bpp)
+            rows = [step(b) for b in plot_batches(max_batch, batch)]
+            curve = {"batch": [r["batch"] for r in rows],
+                     "latency_ms": [1e3 * r["latency_s"] for r in rows],
+                     "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
+                     "fits": [r["fits"] for r in rows],
+                     "max_throughput_tok_s": row["max_throughput_tok_s"]}
         except (ValueError, TypeError) as e:
             self._show_error(str(e))
             return self.state
         row["model"] = c["model"].value
         capacity = None
         if max_batch >= 1:
-            at_cap = rf.napkin(cfg, hw, max_batch, seq_len, bytes_per_param=bpp)
+            at_cap = step(max_batch)
             capacity = {"batch": max_batch, "latency_ms": 1e3 * at_cap["latency_s"],
                         "throughput_tok_s": at_cap["throughput_tok_s"],
                         "memory_bytes": hw.memory_bytes}
@@ -244,6 +276,7 @@ class NapkinExplorer(widgets.VBox):
 
     @staticmethod
     def _readout_html(row: dict, hw: rf.Hardware, max_batch: int) -> str:
+        G = row.get("gpus", 1)
         fits = ('<span style="color:#1b7f3b"><b>fits</b></span>' if row["fits"] else
                 '<span style="color:#b00020"><b>does NOT fit</b></span>')
         cap = (f"largest batch that fits: <b>B = {max_batch}</b>" if max_batch >= 1 else
@@ -252,14 +285,23 @@ class NapkinExplorer(widgets.VBox):
             f"weights: {row['params'] / 1e9:.2f} B params = {row['param_bytes'] / 1e9:.1f} GB",
             f"KV cache: {row['batch']} &times; {row['kv_bytes_per_seq'] / 1e6:.1f} MB = "
             f"{row['kv_bytes'] / 1e9:.1f} GB",
-            f"memory: <b>{row['memory_bytes'] / 1e9:.1f} GB</b> of {hw.memory_bytes / 1e9:.0f} GB"
-            f" &rarr; {fits}",
+            (f"memory: <b>{row['memory_bytes'] / 1e9:.1f} GB</b> of {hw.memory_bytes / 1e9:.0f} GB"
+             f" &rarr; {fits}" if G == 1 else
+             f"memory: {row['memory_bytes'] / 1e9:.1f} GB split over {G} GPUs = <b>"
+             f"{row['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU</b> of "
+             f"{hw.memory_bytes / 1e9:.0f} GB &rarr; {fits}"),
             f"latency: <b>{row['latency_s'] * 1e3:.2f} ms</b> per token",
             f"throughput: <b>{row['throughput_tok_s']:.1f} tok/s</b> "
             f"(limit as B &rarr; &infin;: {row['max_throughput_tok_s']:.0f} tok/s)",
             cap,
             f"accelerator intensity: {row['accelerator_intensity']:.0f} FLOPs/byte",
         ]
+        if G > 1:
+            copies_fit = "fits" if row["copies_fit"] else "does NOT fit on one GPU"
+            lines[3:3] = [f"all-reduces: {row['comm_s'] * 1e3:.3f} ms of the step"]
+            lines.append(f"{G} copies instead (B = {row['batch']} each): "
+                         f"{row['copies_latency_s'] * 1e3:.2f} ms per token, "
+                         f"{row['copies_throughput_tok_s']:.0f} tok/s in all ({copies_fit})")
         return "<div>" + "<br>".join(lines) + "</div>"
 
     def _draw(self, plot: dict, row: dict, hw: rf.Hardware):
@@ -286,8 +328,9 @@ class NapkinExplorer(widgets.VBox):
         ax.set_xlabel("latency per token (ms)")
         ax.set_ylabel("throughput (tokens/s)")
         ax.set_ylim(0, 1.08 * plot["max_throughput_tok_s"])
-        ax.set_title(f"{row['model']} on {hw.name}, S = {row['seq_len']}, K = {row['kv_heads']}",
-                     fontsize=9)
+        split = f", split over {row['gpus']} GPUs" if row.get("gpus", 1) > 1 else ""
+        ax.set_title(f"{row['model']} on {hw.name}{split}, S = {row['seq_len']}, "
+                     f"K = {row['kv_heads']}", fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
         ax.grid(alpha=0.3)
         fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.92)   # cheaper than tight_layout

@@ -259,3 +259,28 @@ def decode_formulas() -> str:
         rf"\mathrm{{throughput}} \to {sympy.latex(d['throughput_limit'])}"
         r"\quad \mathrm{as}\ B \to \infty",
     ])
+
+
+@figure
+def tensor_parallel() -> Figure:
+    """minillm.roofline.tensor_parallel_napkin: Llama-2-13B on 4 H100s, S = 1000, as 4 copies
+    or split 4 ways over NVLink / PCIe (all-reduce latency 5 µs), B = 1, 2, 4, ... while it fits."""
+    from minillm import roofline as rf
+    fig, ax = new_figure(8, 4.2)
+    batches = [2 ** k for k in range(10)]
+    rows = [rf.tensor_parallel_napkin("llama-2-13b", "h100", b, 1000, 4, "nvlink-h100",
+                                      allreduce_latency_s=5e-6) for b in batches]
+    ax.plot([1e3 * r["copies_latency_s"] for r in rows if r["copies_fit"]],
+            [r["copies_throughput_tok_s"] for r in rows if r["copies_fit"]], "o-", color=BLUE,
+            label="4 copies (no communication)")
+    for link, label, colour in (("nvlink-h100", "split 4 ways, NVLink 450 GB/s", GREEN),
+                                ("pcie", "split 4 ways, PCIe 60 GB/s", ORANGE)):
+        rs = [rf.tensor_parallel_napkin("llama-2-13b", "h100", b, 1000, 4, link,
+                                        allreduce_latency_s=5e-6) for b in batches]
+        ax.plot([1e3 * r["latency_s"] for r in rs if r["fits"]],
+                [r["throughput_tok_s"] for r in rs if r["fits"]], "s-", color=colour, label=label)
+    ax.set_xlabel("latency per token (ms)")
+    ax.set_ylabel("tokens / s, all 4 GPUs")
+    ax.legend(fontsize=9)
+    style_axes(ax)
+    return fig
