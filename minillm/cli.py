@@ -7,10 +7,10 @@
     minillm napkin --model llama-2-13b --gpu h100 --batch B --seq-len S [--kv-heads K]
                    [--bytes-per-param P] --json
     minillm bench decode [--model NAME|PATH] [--prompt-len P --new-tokens N --batch B]
-                         [--vs-hf] [--compile] [--no-naive] [--no-fused-step]
-                         [--dtype float32,bfloat16] --json
+                         [--vs-hf] [--compile] [--no-naive] [--no-fused-step] [--cpu-time]
+                         [--repeats R] [--dtype float32,bfloat16] --json
     minillm bench quant [--model NAME|PATH] [--prompt-len P --new-tokens N --group-size G] --json
-    minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] --json
+    minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] [--cpu-time] --json
     minillm bench batching [--requests N --rate R --seed S --max-batch B] --json
     minillm serve [--model NAME|PATH --host H --port P --max-num-seqs N --kv-blocks K
                    --max-batched-tokens T --backend B]     (OpenAI-compatible HTTP server)
@@ -132,7 +132,7 @@ def cmd_bench_decode(a) -> int:
             model, prompt_len=a.prompt_len, new_tokens=a.new_tokens, batch=a.batch,
             naive=not a.no_naive, vs_hf=a.vs_hf, compile=a.compile,
             fused_step=not a.no_fused_step, repeats=a.repeats, seed=a.seed,
-            threads=a.threads)
+            threads=a.threads, cpu_time=a.cpu_time)
 
     def text(r):
         return "\n".join([f"model: {r['model']}"] + [
@@ -181,7 +181,8 @@ def cmd_bench_speculative(a) -> int:
     ks = [int(k) for k in a.k.split(",")]
     r = {"model": a.model, "draft": a.draft,
          **bench_speculative(target, draft, prompt, ks, a.new_tokens, a.repeats,
-                             lookup_prompt=repetitive_prompt(tok), lookup_k=a.lookup_k)}
+                             lookup_prompt=repetitive_prompt(tok), lookup_k=a.lookup_k,
+                             cpu_time=a.cpu_time)}
     return _report(a, r, lambda r: "\n".join(
         [f"target alone: {r['target_tok_s']:.1f} tok/s (its step at "
          f"{r['target_step_bandwidth_fraction']:.2f} of the {r['limit_tok_s']:.0f} tok/s "
@@ -462,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--compile", action="store_true",
                     help="also time the cached loop under torch.compile (compiles for ~1 min)")
     bd.add_argument("--no-naive", action="store_true", help="skip the (slow) naive loop")
+    bd.add_argument("--cpu-time", action="store_true",
+                    help="time in CPU seconds of this process (time.process_time): with "
+                         "--threads 1, a busy neighbour then adds nothing to any variant")
     bd.set_defaults(func=cmd_bench_decode)
 
     bq = bsub.add_parser("quant", parents=[run],
@@ -481,6 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--repeats", type=int, default=3)
     bs.add_argument("--lookup-k", type=int, default=6,
                     help="draft length of prompt lookup (on a repetitive prompt)")
+    bs.add_argument("--cpu-time", action="store_true",
+                    help="time in CPU seconds of this process (time.process_time): with "
+                         "--threads 1, a busy neighbour then adds nothing to any run")
     bs.set_defaults(func=cmd_bench_speculative)
 
     bb = bsub.add_parser("batching", parents=[run], help="static vs continuous batching on a "

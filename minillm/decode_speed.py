@@ -17,8 +17,14 @@ the ceiling `limit_tok_s`; `<variant>_bandwidth_fraction` is step tokens/s over 
 `bandwidth_fraction` the better of the two. Every variant decodes greedily from the same
 random prompt; the report says whether their tokens agree. Hugging Face runs our checkpoint written in its Llama layout and loaded with
 `AutoModelForCausalLM.from_pretrained` (transformers is only a comparison here, never a dependency
-of generation). Speeds are medians over `repeats` interleaved rounds after one warm-up round;
-ratios are of those medians (see minillm.timing).
+of generation). Speeds are medians over `repeats` interleaved rounds after one warm-up round (the
+naive loop skips the warm-up: one run of it is long enough to warm itself up); ratios are of those
+medians (see minillm.timing). `--repeats 1 --no-fused-step` is the quickest full comparison: the
+naive loop runs once. With `cpu_time` every run is timed in CPU seconds of this process
+(`minillm.timing.cpu_time_interleaved`): on one thread (`--threads 1`) a busy neighbour then
+adds nothing to any variant, where the wall clock charges it to whichever run it overlaps (a
+30-second naive run more than a 3-second cached one); with several threads the CPU seconds of
+all of them add up, so tokens/s are per CPU second, not per second.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from .fast_decode import PackedDecoder, generate_packed
 from .generate import generate_cached, generate_naive
 from .kvcache import KVCache
 from .sampling import SamplingParams
-from .timing import median, time_interleaved
+from .timing import cpu_time_interleaved, median, time_interleaved
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -91,7 +97,7 @@ def decode_steps(model, decoder, prompt: torch.Tensor, steps: int):
 def bench_decode(model, *, prompt_len: int = 32, new_tokens: int = 256, batch: int = 1,
                  naive: bool = True, vs_hf: bool = False, compile: bool = False,
                  fused_step: bool = True, repeats: int = 3, seed: int = 0,
-                 threads: int | None = None) -> dict:
+                 threads: int | None = None, cpu_time: bool = False) -> dict:
     if prompt_len < 1 or new_tokens < 1 or batch < 1 or repeats < 1:
         raise ValueError("prompt_len, new_tokens, batch and repeats must all be >= 1")
     ctx = model.config.max_seq_len
@@ -135,13 +141,21 @@ def bench_decode(model, *, prompt_len: int = 32, new_tokens: int = 256, batch: i
             return out[:, prompt_len:].tolist()
         fns["hf"] = run_hf
 
-    outputs = {name: fn() for name, fn in fns.items()}          # also the warm-up round
-    times = time_interleaved(fns, warmup=0, repeats=repeats)
+    # One untimed round warms every variant up and records its tokens -- except the naive loop:
+    # its first steps warm it up as well as a whole extra run would, and at 480 new tokens one
+    # run takes half a minute of CPU time, so its tokens come from its timed runs instead.
+    outputs = {name: fn() for name, fn in fns.items() if name != "naive"}
+    if naive:
+        run_naive = fns["naive"]
+        fns["naive"] = lambda: outputs.__setitem__("naive", run_naive())
+    timer = cpu_time_interleaved if cpu_time else time_interleaved
+    times = timer(fns, warmup=0, repeats=repeats)
     n_tok = batch * new_tokens
     speeds = {name: batch * steps / median(times[f"{name} steps"]) for name in step_fns}
     r = {"model_params": model.num_params(), "dtype": str(next(model.parameters()).dtype),
          "threads": torch.get_num_threads(), "batch": batch, "prompt_len": prompt_len,
          "new_tokens": new_tokens, "repeats": repeats,
+         "clock": "cpu" if cpu_time else "wall",
          "cached_tok_s": n_tok / median(times["cached"]),
          "cached_loop_tok_s": n_tok / median(times["cached_loop"]),
          "cached_loop_matches_cached": outputs["cached_loop"] == outputs["cached"],

@@ -489,3 +489,12 @@ if __name__ == "__main__":  # python -m minillm.roofline: the lecture's table
     for kv in (None, 8):
         for b in (1, 64, 256):
             print(format_row(napkin("llama-2-13b", "h100", batch=b, seq_len=1000, kv_heads=kv)))
+    print("4 H100s, Llama-2-13B, S = 1000, all-reduce latency 5 us: copies | split (NVLink, PCIe)")
+    for b in (1, 64, 256):
+        nv, pc = (tensor_parallel_napkin("llama-2-13b", "h100", b, 1000, 4, link,
+                                         allreduce_latency_s=5e-6) for link in ("nvlink-h100", "pcie"))
+        print(f"  B={b:<4} copies {nv['copies_latency_s'] * 1e3:6.2f} ms "
+              f"{nv['copies_throughput_tok_s']:7.0f} tok/s {'fits' if nv['copies_fit'] else 'no fit'}"
+              f" | NVLink {nv['latency_s'] * 1e3:5.2f} ms (all-reduces {nv['comm_s'] * 1e3:.2f})"
+              f" {nv['throughput_tok_s']:6.0f} tok/s | PCIe {pc['latency_s'] * 1e3:5.2f} ms "
+              f"(all-reduces {pc['comm_s'] * 1e3:.2f}) {pc['throughput_tok_s']:6.0f} tok/s")

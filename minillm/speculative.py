@@ -316,13 +316,12 @@ def repetitive_prompt(tok, repeats: int = 2) -> list[int]:
 
 
 class _StepClock:
-    """Wall-clock time spent inside a method, per label (the run that is going on): how c and v
+    """Time spent inside a method, per label (the run that is going on), by `clock`: how c and v
     are measured *inside* the timed generations, where the draft's weights are cold after each
     target pass and the caches hold the real context -- not in a warm micro-benchmark."""
 
-    def __init__(self):
-        from .timing import perf_counter
-        self._clock, self.label = perf_counter, None
+    def __init__(self, clock):
+        self._clock, self.label = clock, None
         self.seconds: dict = {}
         self.calls: dict = {}
 
@@ -352,7 +351,8 @@ class _StepClock:
 
 def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_tokens: int = 128,
                       repeats: int = 3, lookup_prompt: list[int] | None = None,
-                      lookup_k: int = 6, lookup_new_tokens: int | None = None) -> dict:
+                      lookup_k: int = 6, lookup_new_tokens: int | None = None,
+                      cpu_time: bool = False) -> dict:
     """Greedy speculative decoding vs the target alone, timed interleaved in one run.
 
     The baseline is the target's fastest plain decoder (KV cache + packed step), so the speed-up
@@ -362,10 +362,15 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
     predicts the speed-up from them and the measured alpha. With `lookup_prompt`, it also times
     prompt-lookup drafting (k = lookup_k, `lookup_new_tokens` tokens) on that prompt against the
     target alone on the same prompt.
+
+    With `cpu_time` every figure (the runs, and c and v inside them) is CPU seconds of this
+    process (`time.process_time`): on one torch thread a neighbour that takes the core for a
+    while then adds nothing to them, where the wall clock charges it to whichever run or step it
+    overlaps. With several threads their CPU seconds add up: keep the wall clock there.
     """
     from .bandwidth import bandwidth_report, reader, step_bytes
     from .fast_decode import generate_packed
-    from .timing import median, time_interleaved
+    from .timing import cpu_time_interleaved, median, perf_counter, process_time, time_interleaved
     n_lookup = new_tokens if lookup_new_tokens is None else lookup_new_tokens
     if new_tokens < 1 or n_lookup < 1 or repeats < 1 or not ks or min(ks) < 1 or lookup_k < 1:
         raise ValueError("need new_tokens >= 1, lookup_new_tokens >= 1, repeats >= 1, "
@@ -374,7 +379,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
     scorer, drafter = default_scorer(target), ModelDrafter(draft)
     if drafter._step is None:
         raise ValueError("bench_speculative needs a draft model the packed decoder supports")
-    clock = _StepClock()
+    clock = _StepClock(process_time if cpu_time else perf_counter)
     clock.wrap(plain, "step", "target step")
     clock.wrap(drafter, "_step", "draft step")
     if scorer is not None:
@@ -402,7 +407,8 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
     fns = {name: clock.labelled(name, fn) for name, fn in fns.items()}
     runs = {name: fn() for name, fn in fns.items()}     # also the warm-up round
     clock.seconds.clear(), clock.calls.clear()
-    times = time_interleaved(fns, warmup=0, repeats=repeats)
+    times = (cpu_time_interleaved if cpu_time else time_interleaved)(fns, warmup=0,
+                                                                      repeats=repeats)
     t_step = clock.mean("target", "target step")
     drafts = [(clock.seconds[(f"k={k}", "draft step")], clock.calls[(f"k={k}", "draft step")])
               for k in ks]
@@ -423,7 +429,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
     best = max(rows, key=lambda r: r["speedup"])
     result = {**best, "c": c, "new_tokens": new_tokens, "prompt_tokens": len(prompt),
               "target_tok_s": new_tokens / base, "target_step_ms": 1e3 * t_step,
-              "threads": torch.get_num_threads(),
+              "threads": torch.get_num_threads(), "clock": "cpu" if cpu_time else "wall",
               "scorer": scorer.layout if scorer is not None else "forward"}
     scale = bandwidth_report(per_step, new_tokens, median(times["read"]),
                              {"target_step": 1 / t_step, "speculative": best["speedup"] *

@@ -89,9 +89,10 @@ def test_napkin_json_reproduces_the_lecture(run):
 def test_bench_decode_json_with_hf(run):
     out = json.loads(run("bench", "decode", "--model", "draft", "--prompt-len", "8",
                          "--new-tokens", "12", "--repeats", "1", "--vs-hf", "--dtype", "float32",
-                         "--no-fused-step", "--json").stdout)
+                         "--no-fused-step", "--cpu-time", "--json").stdout)
     assert list(out["formats"]) == ["float32"] and out["model"] == "draft"
     r = out["formats"]["float32"]
+    assert r["clock"] == "cpu"          # --cpu-time; the naive loop's tokens come from its timed run
     assert 0 < r["bandwidth_fraction"] == r["cached_bandwidth_fraction"]
     assert r["limit_tok_s"] * r["bytes_per_token"] == pytest.approx(r["read_gb_s"] * 1e9)
     for key in ("naive_tok_s", "cached_tok_s", "cached_vs_naive", "hf_tok_s", "cached_vs_hf",
@@ -109,7 +110,7 @@ def test_bench_decode_times_both_formats_and_names_a_bad_one(run):
                          "--new-tokens", "6", "--repeats", "1", "--no-naive", "--json").stdout)
     assert list(out["formats"]) == ["float32", "bfloat16"]
     for name, r in out["formats"].items():
-        assert r["dtype"] == f"torch.{name}" and r["fused_tok_s"] > 0
+        assert r["dtype"] == f"torch.{name}" and r["fused_tok_s"] > 0 and r["clock"] == "wall"
         assert r["bytes_per_token"] > 0 and r["bandwidth_fraction"] > 0
     # bf16 weights: half the bytes of fp32 (the cache too)
     f32, bf16 = out["formats"]["float32"], out["formats"]["bfloat16"]

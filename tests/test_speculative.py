@@ -255,11 +255,14 @@ def test_bad_arguments(shipped):
         PackedDecoder(target, layout="sideways")
 
 
-def test_bench_reports_measured_and_predicted_figures():
+@pytest.mark.parametrize("cpu_time", [False, True])
+def test_bench_reports_measured_and_predicted_figures(cpu_time):
     target, draft = tiny(1, layers=2), tiny(2)
     r = spec.bench_speculative(target, draft, [1, 2, 3], ks=(1, 2), new_tokens=8, repeats=1,
-                               lookup_prompt=[1, 2, 1, 2, 1, 2], lookup_k=3, lookup_new_tokens=6)
+                               lookup_prompt=[1, 2, 1, 2, 1, 2], lookup_k=3, lookup_new_tokens=6,
+                               cpu_time=cpu_time)
     assert r["exact_greedy"] is True and r["k"] in (1, 2) and r["c"] > 0
+    assert r["clock"] == ("cpu" if cpu_time else "wall")
     kinds = [(row["drafter"], row["k"]) for row in r["runs"]]
     assert kinds == [("draft-model", 1), ("draft-model", 2), ("prompt-lookup", 3)]
     for row in r["runs"]:
@@ -285,10 +288,10 @@ def test_cli_bench_speculative_json(capsys):
     from minillm.cli import main
     with pytest.raises(SystemExit) as done:
         main(["bench", "speculative", "--json", "--k", "2", "--new-tokens", "8", "--repeats", "1",
-              "--threads", "1"])
+              "--threads", "1", "--cpu-time"])
     assert done.value.code == 0
     r = json.loads(capsys.readouterr().out)
     for key in ("k", "alpha", "tokens_per_step", "speedup", "exact_greedy", "c", "runs"):
         assert key in r, key
-    assert r["k"] == 2 and r["exact_greedy"] is True
+    assert r["k"] == 2 and r["exact_greedy"] is True and r["clock"] == "cpu"
     assert [row["drafter"] for row in r["runs"]] == ["draft-model", "prompt-lookup"]

@@ -16,11 +16,12 @@ logits must equal the naive step's (a fast but wrong cache earns nothing). Each 
 appends one position, so the context grows from T to T + WARMUP + REPEATS (negligible at T = 384).
 
 Why one step and not a whole generation: the speed-up of a whole generation grows with the
-number of new tokens n and reaches ~10x only near n = 480, where the naive loop alone runs for
-about a minute on one core; one step at a long context shows the same per-token gap in ~0.2 s
-(`minillm bench decode --prompt-len 32 --new-tokens 480 --threads 1 --dtype float32 --json`
-compares whole generations). Why 4.0: well under the reference cache on a loaded machine, well over a step that
-ignores the cache (ranges: autograder/README.md).
+number of new tokens n and reaches 10-15x only near n = 480, where the naive loop alone takes
+about 30 s of CPU time on one core; one step at a long context shows the same per-token gap in
+~0.2 s (`minillm bench decode --prompt-len 32 --new-tokens 480 --repeats 1 --no-fused-step
+--threads 1 --dtype float32 --cpu-time --json` compares whole generations). Why 4.0: well
+under the reference cache on a loaded machine, well over a step that ignores the cache (ranges:
+autograder/README.md).
 
     from autograder.labs import lab02
     lab02.check_decode_speedup(StaticKVCache, model)   # AssertionError below the threshold

@@ -24,13 +24,18 @@ from .trace import make_trace, trace_summary
 
 
 class SkipClock:
-    """perf_counter since start, plus every idle gap skipped with advance_to()."""
+    """`timer` since start (the wall clock, `time.perf_counter`, by default), plus every idle gap
+    skipped with advance_to(). With `time.process_time` it counts only the CPU seconds this
+    process computes: on one torch thread, a neighbour that takes the core for a while then adds
+    nothing to any step, and two servers replayed one after the other are timed alike even if
+    the machine's load changed in between (lab 06)."""
 
-    def __init__(self):
-        self.t0, self.skipped = time.perf_counter(), 0.0
+    def __init__(self, timer=time.perf_counter):
+        self.timer = timer
+        self.t0, self.skipped = timer(), 0.0
 
     def __call__(self) -> float:
-        return time.perf_counter() - self.t0 + self.skipped
+        return self.timer() - self.t0 + self.skipped
 
     def advance_to(self, t: float) -> None:
         now = self()

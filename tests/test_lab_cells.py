@@ -1,0 +1,58 @@
+"""A lab's test cells against one plausible mistake at a time, run in this process.
+
+The notebook pipeline (tests/test_pipeline.py) grades one wrong submission per lab through
+nbgrader; here a single test cell meets a single mistake, so each mistake is shown to cost the
+points of the cell that should catch it (visible and hidden part together, as when graded).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow          # ~15 s: each test runs lab 02's setup and test cells
+
+
+def cells(lab: str) -> dict[str, str]:
+    nb = json.loads((REPO / "labs" / lab / f"{lab}.ipynb").read_text())
+    return {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in nb["cells"]
+            if "grade_id" in c["metadata"].get("nbgrader", {})}
+
+
+@pytest.fixture
+def lab02(monkeypatch):
+    """Lab 02's setup and cache cells run in a fresh namespace (the setup sets one torch thread:
+    restored after the test)."""
+    threads = torch.get_num_threads()
+    src = cells("02_kv_cache")
+    ns: dict = {}
+    exec(compile(src["02_setup"], "02_setup", "exec"), ns)
+    exec(compile(src["02_cache"], "02_cache", "exec"), ns)
+    yield src, ns
+    torch.set_num_threads(threads)
+
+
+# the classic slip: the loop stops on a stop token only, so after the n-th token it still runs a
+# decode step whose logits nobody samples (same tokens, one forward pass too many)
+ONE_PASS_TOO_MANY = ("        if nxt in stop_ids or step == max_new_tokens - 1:\n            break",
+                     "        if nxt in stop_ids:\n            break")
+
+
+def test_lab02_generate_test_passes_the_solution(lab02):
+    src, ns = lab02
+    exec(compile(src["02_generate_cached"], "02_generate_cached", "exec"), ns)
+    exec(compile(src["02_generate_test"], "02_generate_test", "exec"), ns)
+
+
+def test_lab02_generate_test_catches_one_forward_pass_too_many(lab02):
+    src, ns = lab02
+    old, new = ONE_PASS_TOO_MANY
+    assert old in src["02_generate_cached"], "the solution's stop condition changed: update this test"
+    exec(compile(src["02_generate_cached"].replace(old, new), "02_generate_cached", "exec"), ns)
+    with pytest.raises(AssertionError) as e:
+        exec(compile(src["02_generate_test"], "02_generate_test", "exec"), ns)
+    msg = str(e.value)
+    assert "6 forward calls" in msg and "expected 5 calls" in msg, msg
