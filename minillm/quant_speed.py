@@ -35,7 +35,7 @@ from .compiled_decode import CompiledDecoder
 from .decode_speed import decode_steps
 from .fast_decode import PackedDecoder, generate_packed
 from .quant import model_bytes, quantize_model
-from .timing import median, time_interleaved
+from .timing import cpu_time_interleaved, median, time_interleaved
 
 FORMATS = ("fp32", "bf16", "int8", "int4")
 GOALS = {"int8_vs_fp32": 1.5, "int4_vs_fp32": 1.8}     # issue 19, one thread
@@ -58,11 +58,14 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def bench_quant(model, prompt: list[int], *, new_tokens: int = 256, repeats: int = 5,
-                group_size: int = 64, threads: int | None = None, compiled: bool = True) -> dict:
+                group_size: int = 64, threads: int | None = None, compiled: bool = True,
+                cpu_time: bool = False) -> dict:
     """The report described in the module docstring. compiled=False runs each format's packed
     step op by op instead (`PackedDecoder`, layout "out_in": the float layers through torch's
     matmul, the quantized ones through QuantLinear's kernels): no compiler needed, and the
-    per-op overhead of a step stays in the figures."""
+    per-op overhead of a step stays in the figures. cpu_time=True times every run in this
+    process's CPU seconds (`cpu_time_interleaved`): on one thread a busy neighbour then cannot
+    lengthen a run, which the wall clock (the default) counts."""
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
     if new_tokens < 2 or repeats < 1:
@@ -85,12 +88,13 @@ def bench_quant(model, prompt: list[int], *, new_tokens: int = 256, repeats: int
         per_token[name] = step_bytes(dec, context)["bytes_per_step"]
         stored[name] = model_bytes(m, float_bytes=4 if name == "fp32" else 2)
     fns["read"] = reader(per_token["fp32"], steps)
-    times = time_interleaved(fns, warmup=1, repeats=repeats)
+    times = (cpu_time_interleaved if cpu_time else time_interleaved)(fns, warmup=1,
+                                                                     repeats=repeats)
     read_gb_s = steps * per_token["fp32"] / median(times["read"]) / 1e9
     r = {"step": "compiled" if compiled else "packed", "threads": torch.get_num_threads(),
          "prompt_len": len(prompt),
          "new_tokens": new_tokens, "repeats": repeats, "group_size": group_size,
-         "read_gb_s": read_gb_s}
+         "read_gb_s": read_gb_s, "clock": "cpu" if cpu_time else "wall"}
     for name in FORMATS:
         r[f"{name}_tok_s"] = steps / median(times[name])
     for name in FORMATS[1:]:
