@@ -63,6 +63,7 @@ from test_pipeline import DUMMY, write_dummy_lab
 
 from autograder.course import Course
 from autograder.grade import grade_submissions
+from autograder.jobs import MAX_CELL_OUTPUT
 from autograder.sandbox import sandbox_unavailable_reason
 
 REPO = Path(__file__).resolve().parent.parent
@@ -866,6 +867,14 @@ ATTACKS = [
     Attack("robust_print_100mb", "the solution cell prints 100 MB",
            "for _ in range(100):\n    print('x' * (1 << 20))\n" + GOOD,
            earned=E_GOOD, tamper=False),
+    Attack("robust_png_flood", "the solution cell displays 100 PNG images of 1 MB each (plots "
+           "now reach the autograded notebook and the feedback: the per-cell output cap must hold "
+           "for images too)",
+           "import base64\nfrom IPython.display import display\n"
+           "_png = base64.b64encode(b'\\x89PNG\\r\\n\\x1a\\n' + b'\\0' * (768 << 10)).decode()\n"
+           "print('displaying images', flush=True)\n"
+           "for _ in range(100):\n    display({'image/png': _png}, raw=True)\n" + GOOD,
+           earned=E_GOOD, tamper=False, require=("displaying images",)),
     Attack("robust_infinite_loop", "an infinite loop in the solution cell",
            "while True:\n    pass\n" + GOOD, earned=E_NONE, tamper=False),
     Attack("robust_os_exit", "os._exit(1) in the solution cell",
@@ -1211,6 +1220,16 @@ def test_attack(run, name):
         f"hidden test text in {name}'s feedback: {hidden_leaks(run.batch.feedback[name])}"
     assert run.secret not in out and run.secret not in run.batch.feedback.get(name, "")
     assert not [p for p in run.host_files if name in p or run.marker in p]
+
+
+def test_an_image_flood_is_cut_like_printed_text(run):
+    if "robust_png_flood" not in BY_NAME or "robust_png_flood" not in run.batch.records:
+        pytest.skip("robust_png_flood not selected (TAMPER_ONLY)")
+    page = run.batch.feedback.get("robust_png_flood", "")
+    assert page, "no feedback for robust_png_flood"
+    # 100 MB of images were displayed; the cell keeps at most MAX_CELL_OUTPUT characters of them
+    assert len(page) < 3 * MAX_CELL_OUTPUT, f"feedback of {len(page):,} characters"
+    assert "output cut at" in page, "the cap's marker is missing from the feedback"
 
 
 # --- every feedback page ----------------------------------------------------------------------

