@@ -18,11 +18,12 @@ from .tokenizer import Tokenizer
 __version__ = "0.1.0"
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-SHIPPED = {"target": ASSETS / "target", "draft": ASSETS / "draft"}
+SHIPPED = {"target": ASSETS / "target", "draft": ASSETS / "draft",
+           "draft-distilled": ASSETS / "draft-distilled"}
 
 
 def resolve(name_or_path: str | Path) -> Path:
-    """A shipped model name ('target', 'draft') or a checkpoint directory -> its directory."""
+    """A shipped model name ('target', 'draft', 'draft-distilled') or a checkpoint directory -> its directory."""
     if isinstance(name_or_path, str) and name_or_path in SHIPPED:
         path = SHIPPED[name_or_path]
         if not (path / "config.json").is_file():

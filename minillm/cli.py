@@ -182,7 +182,9 @@ def cmd_bench_speculative(a) -> int:
     r = {"model": a.model, "draft": a.draft,
          **bench_speculative(target, draft, prompt, ks, a.new_tokens, a.repeats,
                              lookup_prompt=repetitive_prompt(tok), lookup_k=a.lookup_k,
-                             cpu_time=a.cpu_time)}
+                             lookup_new_tokens=a.lookup_new_tokens,
+                             cpu_time=a.cpu_time, draft_engine=a.draft_engine,
+                             sample_temperature=a.temperature or None, sample_k=a.sample_k)}
     return _report(a, r, lambda r: "\n".join(
         [f"target alone: {r['target_tok_s']:.1f} tok/s (its step at "
          f"{r['target_step_bandwidth_fraction']:.2f} of the {r['limit_tok_s']:.0f} tok/s "
@@ -190,8 +192,9 @@ def cmd_bench_speculative(a) -> int:
          f"step cost c = {r['c']:.3f}"] +
         [f"{row['drafter']:>13} k={row['k']}: alpha {row['alpha']:.2f}, "
          f"{row['tokens_per_step']:.2f} tokens/step (formula "
-         f"{row['predicted_tokens_per_step']:.2f}), speed-up {row['speedup']:.2f}x, "
-         f"exact {row['exact_greedy']}" for row in r["runs"]]))
+         f"{row['predicted_tokens_per_step']:.2f}), speed-up {row['speedup']:.2f}x"
+         + (f", exact {row['exact_greedy']}" if "exact_greedy" in row else
+            f" at temperature {row['temperature']}") for row in r["runs"]]))
 
 
 def cmd_bench_batching(a) -> int:
@@ -478,13 +481,23 @@ def build_parser() -> argparse.ArgumentParser:
     bq.set_defaults(func=cmd_bench_quant)
 
     bs = bsub.add_parser("speculative", parents=[run], help="speculative vs plain greedy decoding")
-    bs.add_argument("--draft", default="draft")
+    bs.add_argument("--draft", default="draft-distilled",
+                    help="the draft model: a shipped name (draft-distilled, the best measured; "
+                         "draft) or a checkpoint directory")
+    bs.add_argument("--draft-engine", choices=("packed", "compiled-int8"),
+                    default="compiled-int8", help="how the draft runs its steps: int8 weights "
+                    "in one compiled function (compiles on first use), or fp32 op by op")
+    bs.add_argument("--temperature", type=float, default=0.8,
+                    help="also time sampling at this temperature (0: greedy runs only)")
+    bs.add_argument("--sample-k", type=int, default=3, help="draft length of the sampled run")
     bs.add_argument("--prompt", default="HAMLET.\nTo be, or not to be, that is the question:\n")
     bs.add_argument("--k", default="1,2,3,4,6", help="comma-separated draft lengths")
     bs.add_argument("--new-tokens", type=int, default=128)
     bs.add_argument("--repeats", type=int, default=3)
     bs.add_argument("--lookup-k", type=int, default=6,
                     help="draft length of prompt lookup (on a repetitive prompt)")
+    bs.add_argument("--lookup-new-tokens", type=int, default=None,
+                    help="new tokens of the prompt-lookup runs (default: --new-tokens)")
     bs.add_argument("--cpu-time", action="store_true",
                     help="time in CPU seconds of this process (time.process_time): with "
                          "--threads 1, a busy neighbour then adds nothing to any run")

@@ -10,8 +10,8 @@ model's arithmetic and changes only the bookkeeping:
 * every matrix is stored transposed ([in, out], contiguous), which the CPU BLAS streams faster for
   a single row of activations (layout="in_out", the default); PyTorch's own [out, in] layout is
   layout="out_in"; for scoring a few tokens at once (speculative decoding) on a CPU,
-  layout="onednn" stores every matrix in oneDNN's blocked format, whose small-batch matmul is
-  1.5-3x faster than the plain BLAS call for 3-8 rows (and slower for one) -- measure with your
+  layout="onednn" stores every matrix in oneDNN's blocked format, whose small-batch matmul can
+  beat the plain BLAS call for 3-8 rows on some CPUs (and is slower for one) -- measure with your
   BLAS (`onednn_available()` says whether this torch build has it);
 * RoPE cos/sin come from a table built once (the sign of the rotation folded into the sin table),
   and q and k rotate in one op;

@@ -260,11 +260,15 @@ def test_bench_reports_measured_and_predicted_figures(cpu_time):
     target, draft = tiny(1, layers=2), tiny(2)
     r = spec.bench_speculative(target, draft, [1, 2, 3], ks=(1, 2), new_tokens=8, repeats=1,
                                lookup_prompt=[1, 2, 1, 2, 1, 2], lookup_k=3, lookup_new_tokens=6,
-                               cpu_time=cpu_time)
+                               cpu_time=cpu_time, sample_k=2)
     assert r["exact_greedy"] is True and r["k"] in (1, 2) and r["c"] > 0
-    assert r["clock"] == ("cpu" if cpu_time else "wall")
-    kinds = [(row["drafter"], row["k"]) for row in r["runs"]]
-    assert kinds == [("draft-model", 1), ("draft-model", 2), ("prompt-lookup", 3)]
+    assert r["clock"] == ("cpu" if cpu_time else "wall") and r["draft_engine"] == "packed"
+    kinds = [(row["drafter"], row["k"], row.get("temperature", 0)) for row in r["runs"]]
+    assert kinds == [("draft-model", 1, 0), ("draft-model", 2, 0), ("draft-model", 2, 0.8),
+                     ("prompt-lookup", 3, 0)]
+    assert r["sampled_speedup"] == r["runs"][2]["speedup"] > 0
+    assert r["sampled_alpha"] == r["runs"][2]["alpha"] and r["sample_temperature"] == 0.8
+    assert "exact_greedy" not in r["runs"][2]          # sampled: exact in distribution only
     for row in r["runs"]:
         assert 0 <= row["alpha"] <= 1 and 1 <= row["tokens_per_step"] <= row["k"] + 1
         assert row["speedup"] > 0 and row["verify_cost"] > 0
@@ -288,10 +292,37 @@ def test_cli_bench_speculative_json(capsys):
     from minillm.cli import main
     with pytest.raises(SystemExit) as done:
         main(["bench", "speculative", "--json", "--k", "2", "--new-tokens", "8", "--repeats", "1",
-              "--threads", "1", "--cpu-time"])
+              "--threads", "1", "--cpu-time", "--draft-engine", "packed"])
     assert done.value.code == 0
     r = json.loads(capsys.readouterr().out)
     for key in ("k", "alpha", "tokens_per_step", "speedup", "exact_greedy", "c", "runs"):
         assert key in r, key
     assert r["k"] == 2 and r["exact_greedy"] is True and r["clock"] == "cpu"
-    assert [row["drafter"] for row in r["runs"]] == ["draft-model", "prompt-lookup"]
+    assert r["draft"] == "draft-distilled" and r["sample_temperature"] == 0.8   # the defaults
+    assert [row["drafter"] for row in r["runs"]] == ["draft-model"] * 2 + ["prompt-lookup"]
+
+
+def test_sample_packed_is_the_plain_sampler(shipped):
+    target, _, tok = shipped
+    prompt = tok.encode("ROMEO.\n")
+    plain = PackedDecoder(target)
+    greedy_like = SamplingParams(temperature=0.8, top_k=1, max_new_tokens=12, seed=3)
+    from minillm.fast_decode import generate_packed
+    assert spec.sample_packed(target, prompt, plain, greedy_like) == \
+        generate_packed(target, torch.tensor([prompt]), 12, plain)[0]
+    params = SamplingParams(temperature=0.8, max_new_tokens=12, seed=3)
+    assert spec.sample_packed(target, prompt, plain, params) == \
+        spec.sample_packed(target, prompt, plain, params)          # seeded
+
+
+def test_compiled_int8_draft_keeps_greedy_exact(shipped):
+    target, draft, tok = shipped
+    drafter = ModelDrafter(draft, engine="compiled-int8")
+    assert drafter.engine == "compiled-int8"
+    prompt = tok.encode("HAMLET.\nTo be, or not")
+    params = SamplingParams(temperature=0, max_new_tokens=24)
+    out, stats = speculative_generate(target, drafter, prompt, 3, params)
+    assert out == generate_cached(target, prompt, params)[0]
+    assert stats.accepted > 0          # an int8 copy of the draft still agrees with the target
+    with pytest.raises(ValueError, match="engine"):
+        ModelDrafter(draft, engine="turbo")

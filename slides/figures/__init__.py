@@ -26,6 +26,7 @@ from . import (  # noqa: F401, E402
                lab05_speculative,
                lab06_continuous_batching,
                lab07_paged_attention,
+               lab08_pruning,
 )
 from .common import FIGURES, figure, new_figure, render
 

@@ -26,7 +26,7 @@ SPEC_PROMPT = "HAMLET.\nTo be, or not to be, that is the question:\n"
 @functools.lru_cache(maxsize=1)
 def _draft_model():
     import minillm
-    return minillm.load("draft")
+    return minillm.load("draft-distilled")
 
 
 def _tok_chips(tok, ids, style: str = "") -> str:
