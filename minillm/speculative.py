@@ -419,9 +419,10 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
     from .fast_decode import generate_packed
     from .timing import cpu_time_interleaved, median, perf_counter, process_time, time_interleaved
     n_lookup = new_tokens if lookup_new_tokens is None else lookup_new_tokens
-    if new_tokens < 1 or n_lookup < 1 or repeats < 1 or not ks or min(ks) < 1 or lookup_k < 1:
+    if new_tokens < 1 or n_lookup < 1 or repeats < 1 or not ks or min(ks) < 1 or lookup_k < 1 \
+            or sample_k < 1:
         raise ValueError("need new_tokens >= 1, lookup_new_tokens >= 1, repeats >= 1, "
-                         "lookup_k >= 1 and every k >= 1")
+                         "lookup_k >= 1, sample_k >= 1 and every k >= 1")
     plain = PackedDecoder(target)                       # weights packed once, outside the timing
     scorer = plain          # the verify passes read the same packed weights (default_scorer)
     drafter = ModelDrafter(draft, engine=draft_engine)

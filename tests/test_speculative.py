@@ -269,6 +269,8 @@ def test_bench_reports_measured_and_predicted_figures(cpu_time):
     assert r["sampled_speedup"] == r["runs"][2]["speedup"] > 0
     assert r["sampled_alpha"] == r["runs"][2]["alpha"] and r["sample_temperature"] == 0.8
     assert "exact_greedy" not in r["runs"][2]          # sampled: exact in distribution only
+    with pytest.raises(ValueError, match="sample_k"):
+        spec.bench_speculative(target, draft, [1, 2, 3], ks=(1,), sample_k=0)
     for row in r["runs"]:
         assert 0 <= row["alpha"] <= 1 and 1 <= row["tokens_per_step"] <= row["k"] + 1
         assert row["speedup"] > 0 and row["verify_cost"] > 0
