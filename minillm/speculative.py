@@ -143,7 +143,9 @@ class ModelDrafter:
         return self.model(ids, cache=self.cache)[0, -1]
 
     def start(self, prompt: torch.Tensor, max_len: int) -> None:
-        """Prefill all but the last prompt token (the first `propose` feeds it)."""
+        """Prefill all but the last prompt token (the first `propose` feeds it). The prefill runs
+        the fp32 model also for the "compiled-int8" engine, whose steps then append keys and values
+        of its int8 copy: a draft's cache only has to be close (the target checks every token)."""
         self.cache = KVCache.for_model(self.model, 1, max_len)
         if prompt.shape[1] > 1:
             self.model(prompt[:, :-1], cache=self.cache)
