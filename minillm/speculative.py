@@ -107,9 +107,7 @@ class ModelDrafter:
 
     ENGINES = ("packed", "compiled-int8", "forward")
 
-    def __init__(self, model, packed: bool = True, engine: str | None = None):
-        if engine is None:
-            engine = "packed" if packed else "forward"
+    def __init__(self, model, engine: str = "packed"):
         if engine not in self.ENGINES:
             raise ValueError(f"draft engine must be one of {self.ENGINES}, got {engine!r}")
         self.model = model
@@ -425,16 +423,16 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
             or sample_k < 1:
         raise ValueError("need new_tokens >= 1, lookup_new_tokens >= 1, repeats >= 1, "
                          "lookup_k >= 1, sample_k >= 1 and every k >= 1")
-    plain = PackedDecoder(target)                       # weights packed once, outside the timing
-    scorer = plain          # the verify passes read the same packed weights (default_scorer)
+    # weights packed once, outside the timing; the verify passes read the same copy (default_scorer)
+    plain = scorer = PackedDecoder(target)
     drafter = ModelDrafter(draft, engine=draft_engine)
     if drafter._step is None:
-        raise ValueError("bench_speculative needs a draft model the packed decoder supports")
+        raise ValueError(f"bench_speculative needs a draft model the {draft_engine!r} engine "
+                         f"runs")
     clock = _StepClock(process_time if cpu_time else perf_counter)
     clock.wrap(plain, "step", "target step")
     clock.wrap(drafter, "_step", "draft step")
-    if scorer is not None:
-        clock.wrap(scorer, "step", "scoring pass")
+    clock.wrap(scorer, "step", "scoring pass")
     runs_of = {"": (prompt, new_tokens)}
     if lookup_prompt is not None:
         runs_of["lookup "] = (lookup_prompt, n_lookup)
@@ -474,7 +472,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
     rows = []
     for k in ks:
         out, stats = runs[f"k={k}"]
-        v = clock.mean(f"k={k}", "scoring pass") / t_step if scorer is not None else float("nan")
+        v = clock.mean(f"k={k}", "scoring pass") / t_step
         rows.append({"drafter": "draft-model", "k": k, "alpha": stats.alpha,
                      "tokens_per_step": stats.tokens_per_step,
                      "predicted_tokens_per_step": stats.predicted_tokens_per_step(),
@@ -488,7 +486,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
               "target_tok_s": new_tokens / base, "target_step_ms": 1e3 * t_step,
               "threads": torch.get_num_threads(), "clock": "cpu" if cpu_time else "wall",
               "draft_engine": drafter.engine,
-              "scorer": scorer.layout if scorer is not None else "forward"}
+              "scorer": scorer.layout}
     scale = bandwidth_report(per_step, new_tokens, median(times["read"]),
                              {"target_step": 1 / t_step, "speculative": best["speedup"] *
                               new_tokens / base})
@@ -503,8 +501,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
                      "alpha": stats.alpha, "tokens_per_step": stats.tokens_per_step,
                      "predicted_tokens_per_step": stats.predicted_tokens_per_step(),
                      "c": clock.mean("sampled", "draft step") / t_step,
-                     "verify_cost": (clock.mean("sampled", "scoring pass") / t_step
-                                     if scorer is not None else float("nan")),
+                     "verify_cost": clock.mean("sampled", "scoring pass") / t_step,
                      "speedup": median(times["sampled target"]) / median(times["sampled"]),
                      "target_calls": stats.steps + (len(prompt) > 1)})
         result.update({"sampled_speedup": rows[-1]["speedup"], "sampled_alpha": stats.alpha,
@@ -515,8 +512,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
                      "tokens_per_step": stats.tokens_per_step,
                      "predicted_tokens_per_step": stats.predicted_tokens_per_step(),
                      "c": 0.0, "verify_cost": (clock.mean("lookup", "scoring pass") /
-                                               clock.mean("lookup target", "target step")
-                                               if scorer is not None else float("nan")),
+                                               clock.mean("lookup target", "target step")),
                      "speedup": median(times["lookup target"]) / median(times["lookup"]),
                      "target_calls": stats.steps + (len(lookup_prompt) > 1),
                      "prompt_tokens": len(lookup_prompt), "new_tokens": n_lookup,
