@@ -19,11 +19,13 @@ __version__ = "0.1.0"
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SHIPPED = {"target": ASSETS / "target", "draft": ASSETS / "draft",
-           "draft-distilled": ASSETS / "draft-distilled"}
+           "draft-distilled": ASSETS / "draft-distilled",
+           "hybrid": ASSETS / "hybrid", "diffusion": ASSETS / "diffusion"}      # lab 09
 
 
 def resolve(name_or_path: str | Path) -> Path:
-    """A shipped model name ('target', 'draft', 'draft-distilled') or a checkpoint directory -> its directory."""
+    """A shipped model name ('target', 'draft', 'draft-distilled', 'hybrid', 'diffusion') or a
+    checkpoint directory -> its directory."""
     if isinstance(name_or_path, str) and name_or_path in SHIPPED:
         path = SHIPPED[name_or_path]
         if not (path / "config.json").is_file():

@@ -1,7 +1,7 @@
 """`minillm` command line (also `python -m minillm`).
 
     minillm generate "To be, or not" --max-new-tokens 64 [--temperature T --top-k K --top-p P
-                     --seed S --model NAME|PATH] [--json]
+                     --seed S --model NAME|PATH --steps N (diffusion)] [--json]
     minillm eval ppl [--model NAME|PATH] [--max-tokens N] [--quant SCHEME] [--kv-int8] --json
     minillm eval kv-variants [--model NAME|PATH] [--max-tokens N] --json
     minillm napkin --model llama-2-13b --gpu h100 --batch B --seq-len S [--kv-heads K]
@@ -64,7 +64,17 @@ def cmd_generate(a) -> int:
     if not prompt:
         raise ValueError("the prompt is empty: give at least one character")
     t0 = time.perf_counter()
-    new = generate_naive(model, prompt, params)[0]
+    if model.config.causal:
+        if a.steps is not None:
+            raise ValueError("--steps is for a masked-diffusion model (e.g. --model diffusion)")
+        new = generate_naive(model, prompt, params)[0]
+    else:                       # lab 09: unmask max_new_tokens in --steps passes
+        from .diffusion import sample
+        if a.top_k or a.top_p != 1.0:
+            raise ValueError("a diffusion model samples with --temperature only (no top-k/top-p)")
+        steps = a.steps if a.steps is not None else max(1, a.max_new_tokens // 4)
+        new, _ = sample(model, prompt, a.max_new_tokens, steps, temperature=a.temperature,
+                        seed=a.seed)
     dt = time.perf_counter() - t0
     return _report(a, {"model": a.model, "prompt": a.prompt, "completion": tok.decode(new),
                        "prompt_tokens": len(prompt), "new_tokens": len(new), "seconds": dt,
@@ -409,7 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     run = argparse.ArgumentParser(add_help=False, parents=[out])
-    run.add_argument("--model", default="target", help="shipped name (target, draft) or directory")
+    run.add_argument("--model", default="target",
+                     help="shipped name (target, draft, draft-distilled, hybrid, diffusion) or "
+                          "directory")
     run.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 
     g = sub.add_parser("generate", parents=[run],
@@ -420,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--steps", type=int, default=None,
+                   help="diffusion models: forward passes (default: max-new-tokens / 4)")
     g.set_defaults(func=cmd_generate)
 
     e = sub.add_parser("eval", help="evaluation figures")

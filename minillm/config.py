@@ -28,8 +28,17 @@ class ModelConfig:
     o_bias: bool = False            # Llama's `attention_bias` also biases the output projection
     mlp_bias: bool = False
     tie_embeddings: bool = True     # lm_head shares the embedding matrix
+    mixers: tuple | None = None     # per layer "attention" | "linear" (lab 09); None: attention
+    causal: bool = True             # False: bidirectional (the masked-diffusion model, lab 09)
 
     def __post_init__(self):
+        if self.mixers is not None:
+            self.mixers = tuple(self.mixers)
+            if len(self.mixers) != self.n_layers or set(self.mixers) - {"attention", "linear"}:
+                raise ValueError(f"mixers must name 'attention' or 'linear' for each of the "
+                                 f"{self.n_layers} layers, got {self.mixers}")
+            if set(self.mixers) == {"attention"}:
+                self.mixers = None           # one spelling for an all-attention model
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.head_dim is None:
@@ -67,9 +76,16 @@ class ModelConfig:
         head = 0 if self.tie_embeddings else V * D
         return V * D + self.n_layers * per_layer + D + head
 
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers with softmax attention (and so a KV cache); the rest are linear."""
+        return [i for i in range(self.n_layers)
+                if self.mixers is None or self.mixers[i] == "attention"]
+
     def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
-        """K*H*L*2 values (keys and values) per token: the lecture's S·K·H·L·2·2 at S = 1."""
-        return self.n_kv_heads * self.head_dim * self.n_layers * 2 * bytes_per_value
+        """K*H*L*2 values (keys and values) per token: the lecture's S·K·H·L·2·2 at S = 1
+        (L counts the attention layers only: a linear layer's state does not grow)."""
+        return self.n_kv_heads * self.head_dim * len(self.attention_layers) * 2 * bytes_per_value
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,6 +103,10 @@ class ModelConfig:
     def from_hf(cls, hf: dict) -> "ModelConfig":
         """Parse a Hugging Face Llama/Qwen2/Mistral config dict (transformers 4.x or 5.x)."""
         model_type = hf.get("model_type", "llama")
+        if model_type == "minillm":          # our own hybrid / diffusion models (lab 09)
+            base = asdict(cls.from_hf({**hf, "model_type": "llama"}))
+            return cls(**{**base, "mixers": hf.get("layer_types"),
+                          "causal": bool(hf.get("is_causal", True))})
         if model_type not in ("llama", "qwen2", "mistral"):
             raise ValueError(f"unsupported model_type {model_type!r}: minillm loads Llama-family "
                              "decoders (llama, qwen2, mistral)")
@@ -133,9 +153,16 @@ class ModelConfig:
         qwen2 = self.qkv_bias and not self.o_bias
         if self.o_bias and not self.qkv_bias:
             raise ValueError("a Llama config.json can only express q/k/v and o biases together")
+        if self.mixers is not None or not self.causal:
+            # not a Llama: a model_type transformers refuses, rather than loads wrong
+            return {**self._llama_fields(), "architectures": ["MinillmForLab09"],
+                    "model_type": "minillm", "layer_types": list(self.mixers or
+                    ["attention"] * self.n_layers), "is_causal": self.causal}
+        return {"architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
+                "model_type": "qwen2" if qwen2 else "llama", **self._llama_fields()}
+
+    def _llama_fields(self) -> dict:
         return {
-            "architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
-            "model_type": "qwen2" if qwen2 else "llama",
             "vocab_size": self.vocab_size,
             "hidden_size": self.dim,
             "intermediate_size": self.hidden_dim,
@@ -161,6 +188,14 @@ SHIPPED_SHAPES: dict[str, ModelConfig] = {
                           max_seq_len=512),
     "draft": ModelConfig(vocab_size=4096, dim=128, n_layers=4, n_heads=4, hidden_dim=352,
                          max_seq_len=512),
+    # lab 09: seven linear-attention layers to one softmax-attention layer (Jamba's 1:7), about
+    # the target's parameters (8 thinner blocks instead of 6); and a bidirectional masked-
+    # diffusion model of the target's shape, whose extra token id 4096 is [MASK]
+    "hybrid": ModelConfig(vocab_size=4096, dim=384, n_layers=8, n_heads=6, hidden_dim=704,
+                          max_seq_len=512, mixers=("linear",) * 4 + ("attention",)
+                          + ("linear",) * 3),
+    "diffusion": ModelConfig(vocab_size=4097, dim=384, n_layers=6, n_heads=6, hidden_dim=1024,
+                             max_seq_len=512, causal=False),
 }
 
 # Shapes of real models, for napkin math (roofline.py) and for building random test models.

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .model import Attention, causal_mask, rope_cos_sin, sdpa
+from .model import Attention, causal_mask, require_softmax_decoder, rope_cos_sin, sdpa
 from .quant import QuantLinear
 
 LAYOUTS = ("in_out", "out_in", "onednn")
@@ -64,6 +64,7 @@ def onednn_available() -> bool:
 
 class PackedDecoder:
     def __init__(self, model, layout: str = "in_out"):
+        require_softmax_decoder(model, "PackedDecoder")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if layout == "onednn":

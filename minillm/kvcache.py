@@ -103,6 +103,8 @@ class KVCache:
             self.slot_pos.append(torch.full((slots,), EMPTY, dtype=torch.long,
                                             device=self.device) if ring else None)
         self.positions = torch.arange(self.max_len, device=self.device)
+        # a layer with a fixed-size recurrent state (linear attention, lab 09) keeps it here
+        self.state: dict[int, tuple] = {}
 
     @classmethod
     def for_model(cls, model, batch_size: int = 1, max_len: int | None = None, dtype=None,
@@ -172,18 +174,23 @@ class KVCache:
             raise ValueError(f"can only truncate to 0..{self.seq_len}, got {n}")
         if n < self.seq_len and any(sp is not None for sp in self.slot_pos):
             raise ValueError("cannot roll back a cache with sliding-window ring buffers")
+        if n < self.seq_len and self.state:
+            raise ValueError("cannot roll back a recurrent state: it has already folded in the "
+                             "positions to forget")
         self.seq_len = n
 
     def reset(self) -> None:
         self.seq_len = 0
+        self.state.clear()
         for sp in self.slot_pos:
             if sp is not None:
                 sp.fill_(EMPTY)
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated for keys and values (what the cache holds in memory)."""
-        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+        """Bytes allocated for keys and values plus any recurrent state (what the cache holds)."""
+        kv = sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+        return kv + sum(t.numel() * t.element_size() for st in self.state.values() for t in st)
 
     def bytes_per_token(self) -> float:
         """Bytes per position per sequence of the full (non-ring) layers."""

@@ -62,6 +62,19 @@ def cache_is(cache, protocol) -> bool:
     return kind
 
 
+def require_softmax_decoder(model, what: str) -> None:
+    """Refuse lab 09's hybrid (linear-attention layers) and diffusion (bidirectional) models in
+    code written for a causal decoder with softmax attention in every layer, which would
+    otherwise run them as if they were one and return wrong numbers."""
+    c = model.config
+    if c.mixers is not None or not c.causal:
+        kind = "a hybrid with linear-attention layers" if c.mixers is not None else \
+            "a bidirectional (masked-diffusion) model"
+        raise ValueError(f"{what} runs causal decoders with softmax attention in every layer; "
+                         f"this is {kind} (lab 09): use its forward pass, minillm.generate or "
+                         f"minillm.diffusion instead")
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in fp32 (as Llama does) and cast back."""
 
@@ -113,6 +126,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
         self.rope_theta = c.rope_theta
         self.window: int | None = None       # a sliding-window layer sets this (lab 03)
+        self.causal = c.causal               # False: every token sees every token (lab 09)
         self.q_proj = nn.Linear(c.dim, c.n_heads * c.head_dim, bias=c.qkv_bias)
         self.k_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
@@ -130,7 +144,12 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)      # [B, heads, T, H]
 
-        if cache is not None and cache_is(cache, AttentionCache):
+        if not self.causal:
+            if cache is not None:
+                raise ValueError("a bidirectional model has no KV cache: every token changes "
+                                 "every other token's keys, so each pass recomputes them")
+            out = sdpa(q, k, v)
+        elif cache is not None and cache_is(cache, AttentionCache):
             # the cache stores k/v AND attends itself (serving: paged KV, ragged batches)
             out = cache.attention(self.layer_idx, q, k, v, positions, self.window)
         else:
@@ -197,7 +216,11 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.self_attn = Attention(config, layer_idx)
+        if config.mixers is None or config.mixers[layer_idx] == "attention":
+            self.self_attn = Attention(config, layer_idx)
+        else:                                 # lab 09: a fixed-size state instead of a KV cache
+            from .linear_attention import LinearAttention
+            self.self_attn = LinearAttention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = MLP(config)
 

@@ -180,7 +180,8 @@ def accelerator_intensity(hw: Hardware | str) -> float:
 # Real shapes from minillm.config plus the course's shipped models ("minillm-target" etc.).
 MODELS: dict[str, ModelConfig] = {
     **_CONFIG_PRESETS,
-    **{f"minillm-{name}": cfg for name, cfg in _SHIPPED_PRESETS.items()},
+    **{f"minillm-{name}": cfg for name, cfg in _SHIPPED_PRESETS.items()
+       if cfg.causal},        # a diffusion model has no decode step to napkin
 }
 
 
@@ -224,9 +225,13 @@ def lecture_num_params(model: ModelConfig | str, kv_heads: int | None = None) ->
 
 def kv_cache_bytes_per_seq(model: ModelConfig | str, seq_len: int, kv_heads: int | None = None,
                            bytes_per_value: float = 2) -> float:
-    """S * K*H * L * 2 (keys and values) * bytes per value."""
+    """S * K*H * L * 2 (keys and values) * bytes per value, L counting the attention layers;
+    plus, for a hybrid (lab 09), each linear layer's fixed state: N * (H*H + H) values."""
     cfg = get_model(model)
-    return seq_len * _kv_heads(cfg, kv_heads) * cfg.head_dim * cfg.n_layers * 2 * bytes_per_value
+    L_attn = len(cfg.attention_layers)
+    kv = seq_len * _kv_heads(cfg, kv_heads) * cfg.head_dim * L_attn * 2 * bytes_per_value
+    state = (cfg.n_layers - L_attn) * cfg.n_heads * (cfg.head_dim ** 2 + cfg.head_dim)
+    return kv + state * bytes_per_value
 
 
 # ============================================================================================

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import diffusion
 from .config import SHIPPED_SHAPES
 from .data import load_text, load_tokens
 from .model import Transformer
@@ -68,13 +69,15 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 def train_model(preset: str, steps: int, out: Path, batch_size: int = 8, seq_len: int = 512,
                 lr: float = 2e-3, warmup: int = 100, seed: int = 0, device: str = "cpu",
                 eval_every: int = 250, autocast: bool = True, compile: bool = False,
-                init_from: Path | None = None) -> dict:
+                init_from: Path | None = None, save_every_eval: bool = False) -> dict:
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     tok = Tokenizer.from_file(TOKENIZER_FILE)
     config = PRESETS[preset]
-    if config.vocab_size != tok.vocab_size:
-        raise ValueError(f"preset vocab {config.vocab_size} != tokenizer vocab {tok.vocab_size}")
+    extra_ids = 0 if config.causal else 1          # a diffusion model's [MASK] token
+    if config.vocab_size != tok.vocab_size + extra_ids:
+        raise ValueError(f"preset vocab {config.vocab_size} != tokenizer vocab {tok.vocab_size}"
+                         f" + {extra_ids}")
     train_ids, val_ids = load_tokens(tok, "train"), load_tokens(tok, "val")
     model = Transformer(config).to(device)
     previous = None
@@ -96,26 +99,43 @@ def train_model(preset: str, steps: int, out: Path, batch_size: int = 8, seq_len
            "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "seed": seed,
            "device": device, "train_tokens_available": len(train_ids), "curve": []}
     t0 = time.time()
+    tokens_seen = steps * batch_size * seq_len       # less where a diffusion batch is cut short
     bar = tqdm(range(steps), desc=f"train {preset}")
     for step in bar:
         model.train()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
         x, y = get_batch(train_ids, batch_size, seq_len, gen)
-        with amp:
-            logits = fwd(x.to(device))
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten())
+        if config.causal:
+            with amp:
+                logits = fwd(x.to(device))
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten())
+        else:                   # masked diffusion: predict the masked tokens, weighted by 1/t
+            if torch.rand((), generator=gen) < diffusion.SHORT_SHARE:   # also learn short texts
+                x = x[:, :int(torch.randint(32, seq_len, (), generator=gen))]
+            tokens_seen += x.numel() - batch_size * seq_len
+            t = diffusion.mask_rates(batch_size, gen)
+            xt, masked = diffusion.corrupt(x, t, config.vocab_size - 1, gen)
+            with amp:
+                logits = fwd(xt.to(device))
+            loss = diffusion.diffusion_loss(logits, x.to(device), masked.to(device), t)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % eval_every == 0 or step + 1 == steps:
-            val, _ = evaluate(model, val_ids, seq_len, max_tokens=32768, device=device)
+            if config.causal:
+                val, _ = evaluate(model, val_ids, seq_len, max_tokens=32768, device=device)
+            else:
+                val, _ = diffusion.nll_bound(model, val_ids, seq_len, rates_per_window=2,
+                                             max_tokens=16384)
             log["curve"].append({"step": step + 1, "train_loss": round(loss.item(), 4),
                                  "val_loss": round(val, 4), "elapsed_s": round(time.time() - t0)})
             tqdm.write(f"step {step + 1}: train {loss.item():.3f} val {val:.3f}")
-    log["train_tokens_seen"] = steps * batch_size * seq_len
+            if save_every_eval:      # a usable checkpoint survives an interrupted run
+                _save(model, out, tok, preset, dict(log, steps_done=step + 1))
+    log["train_tokens_seen"] = tokens_seen
     log["wall_s"] = round(time.time() - t0, 1)
     log["warmup"] = warmup
     if previous is not None:         # one log for the whole history: totals + each phase
@@ -128,11 +148,17 @@ def train_model(preset: str, steps: int, out: Path, batch_size: int = 8, seq_len
         log["steps"] = offset + steps
         log["train_tokens_seen"] = sum(ph["train_tokens_seen"] for ph in log["phases"])
         log["wall_s"] = round(sum(ph["wall_s"] for ph in log["phases"]), 1)
+    _save(model, out, tok, preset, log)
+    return log
+
+
+def _save(model, out: Path, tok, preset: str, log: dict) -> None:
+    was = next(model.parameters()).dtype, next(model.parameters()).device
     model = model.float().cpu().eval()
     save_checkpoint(model, out, tokenizer=tok, dtype=torch.bfloat16,
                     extra={"name": preset, "trained_by": "python -m minillm.train"})
     (out / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
-    return log
+    model.to(dtype=was[0], device=was[1])
 
 
 def main(argv=None):
@@ -157,6 +183,8 @@ def main(argv=None):
     m.add_argument("--init-from", type=Path, default=None,
                    help="continue from this checkpoint's weights (its train_log.json is extended)")
     m.add_argument("--out", type=Path, default=None, help="default: minillm/assets/<preset>")
+    m.add_argument("--save-every-eval", action="store_true",
+                   help="also write the checkpoint at every evaluation (its log says how far)")
     a = p.parse_args(argv)
     if getattr(a, "threads", None):
         torch.set_num_threads(a.threads)
@@ -168,7 +196,8 @@ def main(argv=None):
     else:
         log = train_model(a.preset, a.steps, a.out or ASSETS / a.preset, a.batch_size, a.seq_len,
                           a.lr, warmup=a.warmup, seed=a.seed, device=a.device,
-                          autocast=not a.no_autocast, compile=a.compile, init_from=a.init_from)
+                          autocast=not a.no_autocast, compile=a.compile, init_from=a.init_from,
+                          save_every_eval=a.save_every_eval)
         print(json.dumps({k: v for k, v in log.items() if k != "curve"}, indent=2))
 
 

@@ -221,3 +221,46 @@ def test_lab00_measurements_hold_with_a_busy_core(lab00_namespace):
         lo, hi = TOTAL_VS_PREDICTED
         assert lo <= r["total_s"] / r["predicted_s"] <= hi, where
         assert r["last_ms"] > 2 * r["first_ms"], where          # the steps grow with the length
+
+
+# --- lab 09 ---------------------------------------------------------------------------------------
+# The ranges lab 09's text states (09_md_measure_read, 09_md_diffusion_read).
+TARGET_GROWTH = (2.0, 4.0)         # the target's decode step, S = 8192 over S = 256: "2.6-3.3x"
+HYBRID_GROWTH = (0.9, 1.6)         # the hybrid's: "1.1-1.4x"
+
+
+@pytest.fixture(scope="module")
+def lab09_namespace():
+    yield from lab_namespace("09_beyond_attention", ("09_setup", "09_counts"))
+
+
+def test_lab09_measurements_hold_with_a_busy_core(lab09_namespace):
+    cells, ns = lab09_namespace
+    decode = pick(cells, "CONTEXTS = [256, 1024")
+    diffusion_cell = pick(cells, "PROMPTS = [")
+    runs = []
+    with competing_cpu_load():
+        for i in range(RUNS):
+            exec(compile(decode, "09 decode", "exec"), ns)
+            run = {"growth": dict(ns["growth"])}
+            if i < 2:             # the diffusion cell: greedy, so only its latencies vary
+                exec(compile(diffusion_cell, "09 diffusion", "exec"), ns)
+                run["latency"] = dict(ns["latency"])
+                run["quality"] = {s: ns["median"](q) for s, q in ns["quality"].items()}
+            runs.append(run)
+    for i, r in enumerate(runs):
+        print(f"\nlab 09 run {i}: {r}")
+        where = f"run {i} of {RUNS}: {r}"
+        g = r["growth"]
+        assert TARGET_GROWTH[0] <= g["target"] <= TARGET_GROWTH[1], where
+        assert HYBRID_GROWTH[0] <= g["hybrid"] <= HYBRID_GROWTH[1], where
+        assert g["hybrid"] < g["target"], where
+        if "latency" in r:
+            lat = r["latency"]
+            ar = lat["target, autoregressive"]
+            # slower than the target at 1 and 2 tokens per pass, about even at 4, faster at 8, 16
+            assert max(lat["diffusion, 8 passes"], lat["diffusion, 4 passes"]) < ar, where
+            assert ar < min(lat["diffusion, 64 passes"], lat["diffusion, 32 passes"]), where
+            assert 0.6 < lat["diffusion, 16 passes"] / ar < 1.6, where
+            q = r["quality"]          # judge perplexity rises with the tokens per pass
+            assert q[64] < q[16] < q[4], where

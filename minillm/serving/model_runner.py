@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..model import require_softmax_decoder
 from ..sampling import sample
 from .attention_backend import AttentionMetadata, PagedKVCache
 from .block_manager import BlockManager
@@ -50,6 +51,7 @@ def last_rows(query_lens: list[int]) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model, block_manager: BlockManager, backend: str = "auto"):
+        require_softmax_decoder(model, "the serving engine")
         self.model, self.bm = model, block_manager
         self.device = next(model.parameters()).device
         self.kv = PagedKVCache.for_model(model, block_manager.num_blocks,

@@ -24,7 +24,7 @@ import time
 import torch
 
 from ..kvcache import KVCache, layer_specs
-from ..model import sdpa
+from ..model import require_softmax_decoder, sdpa
 from ..sampling import SamplingParams
 from .engine import StepRecord
 from .model_runner import ModelRunner
@@ -62,6 +62,7 @@ class StaticBatchServer:
     def __init__(self, model, max_batch: int = 16, clock=None, pad_id: int = 0):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        require_softmax_decoder(model, "the static-batching server")
         self.model, self.max_batch, self.pad_id = model, max_batch, pad_id
         self.clock = clock or time.perf_counter
         self.device = next(model.parameters()).device

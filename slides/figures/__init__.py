@@ -27,6 +27,7 @@ from . import (  # noqa: F401, E402
                lab06_continuous_batching,
                lab07_paged_attention,
                lab08_pruning,
+               lab09_beyond_attention,
 )
 from .common import FIGURES, figure, new_figure, render
 

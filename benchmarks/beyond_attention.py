@@ -1,0 +1,116 @@
+"""Lab 09's three measurements, outside the notebook, for benchmarks/RESULTS.md and the note.
+
+    .venv/bin/python benchmarks/beyond_attention.py [--threads 1] [--part decode,recall,diffusion]
+
+* decode: one batch-1 decode step of `target` and `hybrid` against the context (caches filled by
+  minillm.decode_memory.filled_cache), interleaved medians of 7; the bytes each cache holds;
+* recall: MQAR accuracy against N for one-layer width-64 models (attention; linear attention with
+  1, 2, 4 heads), trained exactly as the lab does (minillm.recall, 400 steps, seed 0);
+* diffusion: 64 tokens after three prompts in 64..4 passes (minillm.diffusion.sample, confidence
+  order, temperature 0.7, blocks of 16, seeds 0..2): the target's perplexity of each continuation
+  and its share of blank tokens, the target's own samples at 0.7; the latency of 64 greedy tokens
+  against the target's KV-cached greedy loop (interleaved, medians of 3); the held-out
+  perplexity of the target and the diffusion model's bound on 4,096 tokens.
+
+The lab's cells run the same functions with the same settings; this script prints their figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+
+import torch
+
+import minillm
+from minillm import diffusion, recall
+from minillm.data import load_tokens
+from minillm.decode_memory import decode_step_times, filled_cache
+from minillm.generate import generate_cached
+from minillm.sampling import SamplingParams
+from minillm.timing import median, time_interleaved
+from minillm.train import evaluate
+
+CONTEXTS = [256, 1024, 2048, 4096, 8192]
+RECALL_NS = [4, 8, 16, 32, 64]
+RECALL_MODELS = {"attention": ("attention", 1), "linear, H = 64": ("linear", 1),
+                 "linear, H = 32": ("linear", 2), "linear, H = 16": ("linear", 4)}
+PROMPTS = ["ROMEO.\nBut soft, what light through yonder window breaks?\n",
+           "HAMLET.\nTo be, or not to be, that is the question:\n",
+           "KING.\nNow is the winter of our discontent\n"]
+N_NEW, STEPS, TEMP, BLOCK = 64, [64, 32, 16, 8, 4], 0.7, 16
+
+
+def decode_part() -> dict:
+    models = {"target": minillm.load("target"), "hybrid": minillm.load("hybrid")}
+    mem = {n: [filled_cache(m, S).nbytes for S in CONTEXTS] for n, m in models.items()}
+    t = decode_step_times(models, CONTEXTS, repeats=7)
+    return {"contexts": CONTEXTS, "state_bytes": mem,
+            "step_ms": {n: [round(x * 1e3, 2) for x in v] for n, v in t.items()},
+            "growth": {n: round(v[-1] / v[0], 2) for n, v in t.items()}}
+
+
+def recall_part() -> dict:
+    acc = {}
+    for name, (mixer, heads) in RECALL_MODELS.items():
+        m = recall.recall_model(mixer, dim=64, n_layers=1, n_heads=heads, seed=0)
+        recall.train_recall(m, steps=400, n_pairs=(2, 4, 8, 16, 32), lr=1e-2, seed=0)
+        acc[name] = [round(recall.recall_accuracy(m, n), 3) for n in RECALL_NS]
+    return {"n_pairs": RECALL_NS, "accuracy": acc}
+
+
+def diffusion_part() -> dict:
+    target, dlm = minillm.load("target"), minillm.load("diffusion")
+    tok = minillm.load_tokenizer("target")
+
+    @torch.no_grad()
+    def judge(p, new):
+        ids = torch.tensor([p + new])
+        logp = target(ids)[0, len(p) - 1:-1].float().log_softmax(-1)
+        return math.exp(-logp.gather(1, torch.tensor(new)[:, None]).mean().item())
+
+    greedy = SamplingParams(max_new_tokens=N_NEW, temperature=0.0)
+    quality, blank = {}, {}
+    for s in STEPS:
+        news = [(tok.encode(p), diffusion.sample(dlm, tok.encode(p), N_NEW, s, temperature=TEMP,
+                                                 block=BLOCK, seed=seed)[0])
+                for seed, p in enumerate(PROMPTS)]
+        quality[s] = [round(judge(ids, new), 1) for ids, new in news]
+        blank[s] = [round(sum(tok.decode([i]).strip() == "" for i in new) / len(new), 2)
+                    for _, new in news]
+    ar = [round(judge(tok.encode(p), generate_cached(target, [tok.encode(p)], SamplingParams(
+        max_new_tokens=N_NEW, temperature=TEMP, seed=seed))[0]), 1)
+        for seed, p in enumerate(PROMPTS)]
+    ids = tok.encode(PROMPTS[0])
+    fns = {f"diffusion {s}": (lambda s=s: diffusion.sample(dlm, ids, N_NEW, s)) for s in STEPS}
+    fns["target AR"] = lambda: generate_cached(target, [ids], greedy)
+    lat = {k: round(median(v) * 1e3, 1)
+           for k, v in time_interleaved(fns, warmup=1, repeats=3).items()}
+    val = load_tokens(tok, "val")
+    held_t = evaluate(target, val, 512, max_tokens=4096)[0]
+    held_d = diffusion.nll_bound(dlm, val, 512, rates_per_window=4, max_tokens=4096)[0]
+    return {"steps": STEPS, "judge_ppl": quality, "blank_share": blank,
+            "target_ar_judge_ppl": ar, "latency_ms": lat,
+            "held_out_ppl_target": round(math.exp(held_t), 1),
+            "held_out_ppl_bound_diffusion": round(math.exp(held_d), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--part", default="decode,recall,diffusion")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    out = {"machine": platform.machine(), "torch": torch.__version__, "threads": a.threads}
+    for part in a.part.split(","):
+        t0 = time.time()
+        out[part] = {"decode": decode_part, "recall": recall_part,
+                     "diffusion": diffusion_part}[part]()
+        out[part]["seconds"] = round(time.time() - t0, 1)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
