@@ -28,6 +28,7 @@ import minillm
 from minillm import diffusion, recall
 from minillm.data import load_tokens
 from minillm.decode_memory import decode_step_times, filled_cache
+from minillm.evaluate import continuation_perplexity
 from minillm.generate import generate_cached
 from minillm.sampling import SamplingParams
 from minillm.timing import median, time_interleaved
@@ -65,11 +66,8 @@ def diffusion_part() -> dict:
     target, dlm = minillm.load("target"), minillm.load("diffusion")
     tok = minillm.load_tokenizer("target")
 
-    @torch.no_grad()
     def judge(p, new):
-        ids = torch.tensor([p + new])
-        logp = target(ids)[0, len(p) - 1:-1].float().log_softmax(-1)
-        return math.exp(-logp.gather(1, torch.tensor(new)[:, None]).mean().item())
+        return continuation_perplexity(target, p, new)
 
     greedy = SamplingParams(max_new_tokens=N_NEW, temperature=0.0)
     quality, blank = {}, {}

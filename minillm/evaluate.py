@@ -38,3 +38,17 @@ def perplexity(model, tokenizer, split: str = "val", max_tokens: int | None = No
             count += batch[:, 1:].numel()
     loss = total / count
     return {"split": split, "tokens": count, "loss": loss, "ppl": math.exp(loss)}
+
+
+@torch.no_grad()
+def continuation_perplexity(model, prompt_ids, new_ids) -> float:
+    """exp(mean cross-entropy) of `new_ids` following `prompt_ids` under a causal `model`: the
+    judge of generated text (lab 09 scores the diffusion model's writing with the target)."""
+    prompt_ids, new_ids = list(prompt_ids), list(new_ids)
+    if not prompt_ids or not new_ids:
+        raise ValueError("need a non-empty prompt and at least one new token to judge")
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids + new_ids], device=device)
+    logp = model(ids)[0, len(prompt_ids) - 1:-1].float().log_softmax(-1)
+    target = torch.tensor(new_ids, device=device)[:, None]
+    return math.exp(-logp.gather(1, target).mean().item())

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .linear_attention import state_bytes
 from .model import Transformer
 
 N_KEYS = 64          # key ids 1..64; value ids 65..128; 0 is unused
@@ -90,7 +91,7 @@ def state_numbers(model) -> int:
     c = model.config
     if c.attention_layers:
         raise ValueError("an attention layer's state grows with the sequence (its KV cache)")
-    return c.n_layers * c.n_heads * (c.head_dim ** 2 + c.head_dim)
+    return c.n_layers * state_bytes(c.n_heads, c.head_dim, bytes_per_value=1)
 
 
 def train_recall(model, steps: int, n_pairs=(4, 8, 16, 32), batch: int = 32, lr: float = 3e-3,

@@ -43,6 +43,7 @@ from sympy import oo
 from .config import PRESETS as _CONFIG_PRESETS
 from .config import SHIPPED_SHAPES as _SHIPPED_PRESETS
 from .config import ModelConfig
+from .linear_attention import state_bytes
 
 B, D, F, S, T, c = sympy.symbols("B D F S T c", positive=True)
 
@@ -230,8 +231,7 @@ def kv_cache_bytes_per_seq(model: ModelConfig | str, seq_len: int, kv_heads: int
     cfg = get_model(model)
     L_attn = len(cfg.attention_layers)
     kv = seq_len * _kv_heads(cfg, kv_heads) * cfg.head_dim * L_attn * 2 * bytes_per_value
-    state = (cfg.n_layers - L_attn) * cfg.n_heads * (cfg.head_dim ** 2 + cfg.head_dim)
-    return kv + state * bytes_per_value
+    return kv + (cfg.n_layers - L_attn) * state_bytes(cfg.n_heads, cfg.head_dim, bytes_per_value)
 
 
 # ============================================================================================

@@ -151,3 +151,16 @@ def test_the_cli_generates_with_a_diffusion_checkpoint(tmp_path, capsys):
     assert "temperature only" in capsys.readouterr().err
     assert run("--model", "target", "--steps", "3") == 2
     assert "--steps is for a masked-diffusion" in capsys.readouterr().err
+
+
+def test_continuation_perplexity_is_the_judges_mean_cross_entropy():
+    from minillm.evaluate import continuation_perplexity
+    torch.manual_seed(0)
+    m = Transformer(ModelConfig(vocab_size=30, dim=16, n_layers=1, n_heads=2, hidden_dim=16)).eval()
+    prompt, new = [3, 4, 5], [6, 7]
+    with torch.no_grad():
+        logp = m(torch.tensor([prompt + new]))[0].log_softmax(-1)
+    want = math.exp(-(logp[2, 6] + logp[3, 7]).item() / 2)
+    assert continuation_perplexity(m, prompt, new) == pytest.approx(want, rel=1e-5)
+    with pytest.raises(ValueError, match="non-empty"):
+        continuation_perplexity(m, [], new)

@@ -115,13 +115,11 @@ def diffusion_tradeoff() -> Figure:
     """Judge perplexity (under the target, median of three prompts) of 64 tokens written by the
     shipped diffusion model as in the lab (temperature 0.7, blocks of 16, confidence order),
     against tokens per forward pass; the target's own samples at the same temperature."""
-    import math
     import statistics
-
-    import torch
 
     import minillm
     from minillm import diffusion
+    from minillm.evaluate import continuation_perplexity
     from minillm.generate import generate_cached
     from minillm.sampling import SamplingParams
     target, tok = model_and_tokenizer()
@@ -131,20 +129,16 @@ def diffusion_tradeoff() -> Figure:
                "KING.\nNow is the winter of our discontent\n"]
     steps = [64, 32, 16, 8, 4]
 
-    @torch.no_grad()
-    def judge(ids, new):
-        logp = target(torch.tensor([ids + new]))[0, len(ids) - 1:-1].float().log_softmax(-1)
-        return math.exp(-logp.gather(1, torch.tensor(new)[:, None]).mean().item())
-
     ppl = {s: [] for s in steps}
     ar = []
     for seed, p in enumerate(prompts):
         ids = tok.encode(p)
         for s in steps:
             new, _ = diffusion.sample(dlm, ids, 64, s, temperature=0.7, block=16, seed=seed)
-            ppl[s].append(judge(ids, new))
+            ppl[s].append(continuation_perplexity(target, ids, new))
         params = SamplingParams(max_new_tokens=64, temperature=0.7, seed=seed)
-        ar.append(judge(ids, generate_cached(target, [ids], params)[0]))
+        new = generate_cached(target, [ids], params)[0]
+        ar.append(continuation_perplexity(target, ids, new))
     fig, ax = new_figure(7.5, 3.8)
     ax.plot([64 / s for s in steps], [statistics.median(ppl[s]) for s in steps], "o-", color=BLUE,
             label="diffusion (confidence order, T = 0.7, blocks of 16)")
