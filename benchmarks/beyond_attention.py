@@ -3,13 +3,14 @@
     .venv/bin/python benchmarks/beyond_attention.py [--threads 1] [--part decode,recall,diffusion]
 
 * decode: one batch-1 decode step of `target` and `hybrid` against the context (caches filled by
-  minillm.decode_memory.filled_cache), interleaved medians of 7; the bytes each cache holds;
+  minillm.decode_memory.filled_cache), every pair in the same interleaved rounds, medians of 7
+  of CPU time; the bytes each cache holds;
 * recall: MQAR accuracy against N for one-layer width-64 models (attention; linear attention with
   1, 2, 4 heads), trained exactly as the lab does (minillm.recall, 400 steps, seed 0);
 * diffusion: 64 tokens after three prompts in 64..4 passes (minillm.diffusion.sample, confidence
   order, temperature 0.7, blocks of 16, seeds 0..2): the target's perplexity of each continuation
   and its share of blank tokens, the target's own samples at 0.7; the latency of 64 greedy tokens
-  against the target's KV-cached greedy loop (interleaved, medians of 3); the held-out
+  against the target's KV-cached greedy loop (interleaved, medians of 3 of CPU time); the held-out
   perplexity of the target and the diffusion model's bound on 4,096 tokens.
 
 The lab's cells run the same functions with the same settings; this script prints their figures.
@@ -31,7 +32,7 @@ from minillm.decode_memory import decode_step_times, filled_cache
 from minillm.evaluate import continuation_perplexity
 from minillm.generate import generate_cached
 from minillm.sampling import SamplingParams
-from minillm.timing import median, time_interleaved
+from minillm.timing import cpu_time_interleaved, median
 from minillm.train import evaluate
 
 CONTEXTS = [256, 1024, 2048, 4096, 8192]
@@ -85,7 +86,7 @@ def diffusion_part() -> dict:
     fns = {f"diffusion {s}": (lambda s=s: diffusion.sample(dlm, ids, N_NEW, s)) for s in STEPS}
     fns["target AR"] = lambda: generate_cached(target, [ids], greedy)
     lat = {k: round(median(v) * 1e3, 1)
-           for k, v in time_interleaved(fns, warmup=1, repeats=3).items()}
+           for k, v in cpu_time_interleaved(fns, warmup=1, repeats=3).items()}
     val = load_tokens(tok, "val")
     held_t = evaluate(target, val, 512, max_tokens=4096)[0]
     held_d = diffusion.nll_bound(dlm, val, 512, rates_per_window=4, max_tokens=4096)[0]

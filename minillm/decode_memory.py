@@ -12,14 +12,14 @@ attention layers grow. `roofline.kv_cache_bytes_per_seq` is the napkin; this mod
 `filled_cache` writes random keys, values and states rather than prefilling real text: the bytes a
 step reads and the work it does depend on the context length, not on the values, and a prefill
 of 8192 tokens would cost minutes on a laptop CPU (and run past the models' trained context,
-which does not matter for timing). Times are medians of interleaved rounds (`minillm.timing`).
+which does not matter for timing). Times are medians of interleaved rounds of CPU time (`minillm.timing`).
 """
 from __future__ import annotations
 
 import torch
 
 from .kvcache import KVCache, layer_specs
-from .timing import median, time_interleaved
+from .timing import cpu_time_interleaved, median
 
 
 def filled_cache(model, context: int, room: int = 0, seed: int = 0) -> KVCache:
@@ -43,25 +43,27 @@ def filled_cache(model, context: int, room: int = 0, seed: int = 0) -> KVCache:
     return cache
 
 
-def decode_step_times(models: dict, contexts, repeats: int = 7, warmup: int = 2) -> dict:
-    """{name: [median seconds of one batch-1 decode step at each context]}, the models
-    interleaved at each context. The cache is put back after every step, so every timed step
-    reads the same `context` positions."""
-    out = {name: [] for name in models}
-    for context in contexts:
-        runs = {}
-        for name, model in models.items():
+def decode_step_times(models: dict, contexts, repeats: int = 7, warmup: int = 2,
+                      timer=cpu_time_interleaved) -> dict:
+    """{name: [median seconds of one batch-1 decode step at each context]}. Every (model, context)
+    pair runs once per round, all in the same interleaved rounds, so a slow patch of the machine
+    slows every pair alike rather than one context's. The default timer counts this process's CPU
+    seconds (run torch on one thread): a neighbour that takes the core for a few milliseconds
+    would otherwise land in some steps and not others. The cache is put back after every step, so
+    every timed step reads the same `context` positions."""
+    contexts = list(contexts)
+    runs = {}
+    for name, model in models.items():
+        tok = torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)
+        for context in contexts:
             cache = filled_cache(model, context, room=1)
             saved = dict(cache.state)
-            tok = torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)
 
             def step(model=model, cache=cache, saved=saved, tok=tok, context=context):
                 cache.seq_len = context
                 cache.state.update(saved)
                 with torch.no_grad():
                     model(tok, cache=cache)
-            runs[name] = step
-        times = time_interleaved(runs, warmup=warmup, repeats=repeats)
-        for name in models:
-            out[name].append(median(times[name]))
-    return out
+            runs[(name, context)] = step
+    times = timer(runs, warmup=warmup, repeats=repeats)
+    return {name: [median(times[(name, c)]) for c in contexts] for name in models}

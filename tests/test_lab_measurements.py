@@ -225,8 +225,8 @@ def test_lab00_measurements_hold_with_a_busy_core(lab00_namespace):
 
 # --- lab 09 ---------------------------------------------------------------------------------------
 # The ranges lab 09's text states (09_md_measure_read, 09_md_diffusion_read).
-TARGET_GROWTH = (2.0, 4.0)         # the target's decode step, S = 8192 over S = 256: "2.6-3.3x"
-HYBRID_GROWTH = (0.9, 1.6)         # the hybrid's: "1.1-1.4x"
+TARGET_GROWTH = (2.0, 4.0)         # the target's decode step, S = 8192 over S = 256: "2.9-3.1x"
+HYBRID_GROWTH = (0.9, 1.6)         # the hybrid's: "1.1-1.2x"
 
 
 @pytest.fixture(scope="module")
@@ -258,9 +258,8 @@ def test_lab09_measurements_hold_with_a_busy_core(lab09_namespace):
         if "latency" in r:
             lat = r["latency"]
             ar = lat["target, autoregressive"]
-            # slower than the target at 1 and 2 tokens per pass, about even at 4, faster at 8, 16
+            # "slower than the target at 1, 2 and 4 tokens per pass, faster at 8 and 16"
             assert max(lat["diffusion, 8 passes"], lat["diffusion, 4 passes"]) < ar, where
-            assert ar < min(lat["diffusion, 64 passes"], lat["diffusion, 32 passes"]), where
-            assert 0.6 < lat["diffusion, 16 passes"] / ar < 1.6, where
+            assert ar < min(lat[f"diffusion, {s} passes"] for s in (64, 32, 16)), where
             q = r["quality"]          # judge perplexity rises with the tokens per pass
             assert q[64] < q[16] < q[4], where

@@ -181,9 +181,9 @@ class EngineLoop:
         if all(x < 0 for x in sent):
             aborted = all(s.finish_reason == "abort" for s in seqs)
             self.counters["requests_aborted" if aborted else "requests_finished"] += 1
-            stream._put(None)
             del self._live[rid]
-            self.engine.release(rid)              # answered: the engine may forget it
+            self.engine.release(rid)              # forgotten before the answer is complete, so
+            stream._put(None)                     # a client that has its answer sees it gone
 
     def _record(self, s) -> None:
         """TTFT and TPOT of a finished sample into the histograms."""
