@@ -226,7 +226,7 @@ def test_lab00_measurements_hold_with_a_busy_core(lab00_namespace):
 # --- lab 09 ---------------------------------------------------------------------------------------
 # The ranges lab 09's text states (09_md_measure_read, 09_md_diffusion_read).
 TARGET_GROWTH = (2.0, 4.0)         # the target's decode step, S = 8192 over S = 256: "2.9-3.1x"
-HYBRID_GROWTH = (0.9, 1.6)         # the hybrid's: "1.1-1.2x"
+HYBRID_GROWTH = (0.9, 1.6)         # the hybrid's: "1.1-1.3x"
 
 
 @pytest.fixture(scope="module")
@@ -258,8 +258,10 @@ def test_lab09_measurements_hold_with_a_busy_core(lab09_namespace):
         if "latency" in r:
             lat = r["latency"]
             ar = lat["target, autoregressive"]
-            # "slower than the target at 1, 2 and 4 tokens per pass, faster at 8 and 16"
+            # "slower than the target at 1 and 2 tokens per pass, no faster at 4, faster at 8, 16"
+            # (at 4: 1.5x the target's time on an idle core, 0.99x beside the other test worker)
             assert max(lat["diffusion, 8 passes"], lat["diffusion, 4 passes"]) < ar, where
-            assert ar < min(lat[f"diffusion, {s} passes"] for s in (64, 32, 16)), where
+            assert ar < min(lat["diffusion, 64 passes"], lat["diffusion, 32 passes"]), where
+            assert 0.8 < lat["diffusion, 16 passes"] / ar < 2.0, where
             q = r["quality"]          # judge perplexity rises with the tokens per pass
             assert q[64] < q[16] < q[4], where

@@ -89,6 +89,9 @@ class EngineLoop:
         self.counters = {"requests_finished": 0, "requests_aborted": 0, "prompt_tokens": 0,
                          "generation_tokens": 0}
         self.error: BaseException | None = None
+        # the limit requests are checked against: set at once by set_max_num_seqs, while the
+        # scheduler takes it between steps
+        self.max_num_seqs = engine.scheduler.max_num_seqs
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
         self._thread.start()
 
@@ -110,6 +113,7 @@ class EngineLoop:
             raise ValueError(f"max_num_seqs {value} > the step's token budget "
                              f"{s.max_num_batched_tokens}: with chunked prefill every running "
                              f"sequence needs a token of it")
+        self.max_num_seqs = int(value)
         self._commands.put(("max_num_seqs", None, int(value)))
 
     @property

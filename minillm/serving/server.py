@@ -152,7 +152,7 @@ def build_app(engine_loop: EngineLoop, tokenizer, model_name: str):
         if not engine_loop.alive:
             raise APIError(503, "the engine has stopped", type_="server_error")
         req = Request(kind, parse_json(await http.body()), model_name, tokenizer, ctx,
-                      engine.scheduler.max_num_seqs)
+                      engine_loop.max_num_seqs)
         bm = engine.bm
         need = max(bm.blocks_needed(len(p) + req.params.max_new_tokens) for p in req.prompts)
         if need > bm.num_blocks:
@@ -174,7 +174,9 @@ def build_app(engine_loop: EngineLoop, tokenizer, model_name: str):
                 if c.finish_reason is not None:
                     ends[c.index] = c.finish_reason
                     tokens += c.tokens
-        except (ValueError, RuntimeError) as e:
+        except ValueError as e:               # the engine refused the request itself (its
+            raise APIError(400, str(e)) from e    # limit changed since the check above)
+        except RuntimeError as e:
             raise APIError(500, str(e), type_="server_error") from e
         if len(ends) < len(req.prompts) * req.n:
             return JSONResponse(APIError(499, "the client closed the request").body(),
@@ -194,7 +196,8 @@ def build_app(engine_loop: EngineLoop, tokenizer, model_name: str):
                 yield "data: " + json.dumps(envelope(kind, rid, model_name, [ch],
                                                      chunk=True)) + "\n\n"
         except (ValueError, RuntimeError) as e:     # the status line is sent: say it in-band
-            err = APIError(500, str(e), type_="server_error").body()
+            err = (APIError(400, str(e)) if isinstance(e, ValueError)
+                   else APIError(500, str(e), type_="server_error")).body()
             yield "data: " + json.dumps(err) + "\n\n"
         if req.include_usage:
             yield "data: " + json.dumps(envelope(kind, rid, model_name, [], chunk=True,
