@@ -289,3 +289,20 @@ def test_a_background_server_refuses_what_its_kv_cache_cannot_hold():
         with pytest.raises(openai.BadRequestError, match="n must be"):
             c.completions.create(model=MODEL, prompt="ROMEO.", max_tokens=4, n=2)
     assert not srv.engine_loop.alive
+
+
+def test_a_request_the_engine_refuses_after_the_check_is_a_400():
+    """The server checks n against the loop's limit; if the engine's own limit is lower by the
+    time the request reaches it (the explorer's slider moved), the engine's refusal is the
+    client's 400 naming the limit, not a server error."""
+    model, tok = minillm.load(MODEL), minillm.load_tokenizer(MODEL)
+    with BackgroundServer(model, tok, MODEL, max_num_seqs=2) as srv:
+        srv.engine_loop.engine.scheduler.max_num_seqs = 1    # the engine's limit, not the loop's
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match=r"max_num_seqs \(1\), got 2"):
+            c.completions.create(model=MODEL, prompt="ROMEO.", max_tokens=4, n=2)
+        for stream in (False, True):          # and the server still answers
+            r = c.completions.create(model=MODEL, prompt="ROMEO.", max_tokens=3, stream=stream)
+            if stream:
+                r = list(r)
+            assert r
