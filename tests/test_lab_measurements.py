@@ -139,6 +139,8 @@ def test_lab02_measurements_hold_with_a_busy_core(lab02_namespace, capsys):
 # The ranges lab 05's text states (05_md_measure, 05_md_read).
 BEST_SPEEDUP = (1.0, 2.1)          # the best k's measured speed-up on one CPU core
 DRAFT_COST = (0.05, 0.2)           # c of the compiled int8 draft: "about 0.1"
+V_LARGEST_K = 1.3                  # v at k = 6: "1.67-2.39"
+V_GROWTH = 1.2                     # v at k = 6 over v at k = 1: "1.37-1.70 times"
 
 
 def lab_namespace(lab: str, grade_ids: tuple):
@@ -179,7 +181,10 @@ def test_lab05_measurements_hold_with_a_busy_core(lab05_namespace):
         assert bench["exact_greedy"] and bench["clock"] == "cpu", where
         assert DRAFT_COST[0] <= bench["c"] <= DRAFT_COST[1], where
         assert bench["draft_engine"] == "compiled-int8", where
-        assert all(r["verify_cost"] > 1 for r in rows), where                 # checking is not free
+        # checking is not free: a pass over 7 tokens costs well over a step and clearly more than a
+        # pass over 2 (a neighbour that slows the plain steps moves every v down; the growth stays)
+        v = {r["k"]: r["verify_cost"] for r in rows}
+        assert v[max(v)] > V_LARGEST_K and v[max(v)] > V_GROWTH * v[min(v)], where
         assert all(abs(r["tokens_per_step"] - r["predicted_tokens_per_step"]) < 0.3 for r in rows)
         assert BEST_SPEEDUP[0] <= best["speedup"] <= BEST_SPEEDUP[1], where
         # the formula with the measured c and v beats the lecture's v = 1 at every k
