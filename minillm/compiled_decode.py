@@ -15,13 +15,21 @@ and multiply-accumulates (the fused upcast a Triton GEMV does on a GPU, lab 04).
 `torch.mv`, which Inductor also turns into a loop of its own (as fast as the BLAS here).
 Activations stay fp32 throughout; keys and values are stored in the cache's dtype.
 
-Three details make the compiled step fast rather than slow:
+Four details make the compiled step fast rather than slow:
 * it runs under `torch.no_grad()`: otherwise Inductor also builds a backward graph;
 * the cache is written with `narrow(...).copy_` at a position that is a symbolic integer, so one
   compiled graph serves every position (indexing with a Python int recompiles per position);
 * `realize_opcount_threshold=1` makes Inductor compute each GEMV's input once: by default it
   inlines cheap producers into their consumer, and a consumer that is a matrix-vector product
   would recompute, e.g., SiLU(gate) * up once per output row.
+* no size, stride and alignment asserts in the generated wrapper: it would check each of the ~60
+  tensors it is given on every call, which Dynamo's guards have already checked. Without them
+  the int4 step is about 7 % faster, the fp32 and int8 steps 3-5 %, bf16's no faster that one
+  can measure (`benchmarks/step_wrapper.py`).
+An int4 step is compiled with Inductor's C++ wrapper too (`cpp_wrapper`): it calls torch's int4
+kernel 24 times between generated kernels, and from C++ those calls skip Python (4 % faster
+again, measured by the same script; the other formats' steps are one generated kernel each and
+gain nothing that pays for the C++ wrapper's longer compile).
 
 Quantized models (minillm.quant: `quantize_model(model, "int8")` or "int4-g64") run here too:
 their merged QuantLinear matrices become `Int8Rows` (codes and one fp32 scale per row; Inductor
@@ -46,7 +54,9 @@ from kernels import cpu_weight_only
 from .fast_decode import PackedDecoder
 from .quant import QuantLinear
 
-INDUCTOR_OPTIONS = {"realize_opcount_threshold": 1}
+INDUCTOR_OPTIONS = {"realize_opcount_threshold": 1, "size_asserts": False,
+                    "alignment_asserts": False, "scalar_asserts": False}
+EXTERN_KERNEL_OPTIONS = {"cpp_wrapper": True}     # added where the step calls torch's int4 kernel
 MATRICES = ("qkv", "o", "gu", "down")
 
 
@@ -113,7 +123,10 @@ class CompiledDecoder:
         # position), so each decoder compiles its own copy of `_forward`'s code.
         code = CompiledDecoder._forward.__code__.replace(co_name=f"_forward_{id(self):x}")
         own = types.MethodType(types.FunctionType(code, globals(), code.co_name), self)
-        self._compiled = torch.compile(own, options=INDUCTOR_OPTIONS)
+        extern = any(isinstance(m, cpu_weight_only.W4Packed)
+                     for m in [self.lm_head, *(w[k] for w in self.layers for k in MATRICES)])
+        options = {**INDUCTOR_OPTIONS, **EXTERN_KERNEL_OPTIONS} if extern else INDUCTOR_OPTIONS
+        self._compiled = torch.compile(own, options=options)
 
     def _forward(self, ids, pos, cos, sin, ks, vs):
         """The whole step on plain tensors: ids [1], pos the position (symbolic once compiled)."""
