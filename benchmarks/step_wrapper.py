@@ -5,8 +5,9 @@
 Inductor's Python wrapper checks, by default, the size, stride and alignment of every tensor it
 is given before it calls the generated code; the compiled step is given ~60 (every weight matrix,
 norm and cache). `minillm.compiled_decode.INDUCTOR_OPTIONS` turns those asserts off, since
-Dynamo's guards have already checked the same tensors; an int4 step is also compiled with the C++
-wrapper (`cpp_wrapper`), which calls torch's int4 kernel without Python in between. For each
+Dynamo's guards have already checked the same tensors. Inductor's C++ wrapper (`cpp_wrapper`)
+would call the generated code, and the int4 step's 24 calls of torch's int4 kernel, without
+Python in between; the step does not use it (its compile is much longer). For each
 format this builds three `CompiledDecoder`s of the shipped target, with Inductor's default
 wrapper ("asserts"), with `INDUCTOR_OPTIONS` ("no asserts") and with `INDUCTOR_OPTIONS` plus the
 C++ wrapper ("C++ wrapper"), and times 255 greedy decode steps of each from the same prefilled
@@ -44,16 +45,15 @@ def main() -> None:
     models = model_formats(model)
     prompt = torch.randint(1, model.config.vocab_size, (1, PROMPT),
                            generator=torch.Generator().manual_seed(0))
-    default, extern = compiled_decode.INDUCTOR_OPTIONS, compiled_decode.EXTERN_KERNEL_OPTIONS
+    default = compiled_decode.INDUCTOR_OPTIONS
     options = {"asserts": {"realize_opcount_threshold": 1}, "no asserts": default,
                "C++ wrapper": {**default, "cpp_wrapper": True}}
     for fmt in formats:
         m, fns = models[fmt], {}
         for name, opts in options.items():
-            # the options a decoder is built with, alone (no C++ wrapper added for int4)
-            compiled_decode.INDUCTOR_OPTIONS, compiled_decode.EXTERN_KERNEL_OPTIONS = opts, {}
+            compiled_decode.INDUCTOR_OPTIONS = opts      # read when the decoder is built
             fns[name] = decode_steps(m, compiled_decode.CompiledDecoder(m), prompt, STEPS)
-        compiled_decode.INDUCTOR_OPTIONS, compiled_decode.EXTERN_KERNEL_OPTIONS = default, extern
+        compiled_decode.INDUCTOR_OPTIONS = default
         per_step = step_bytes(PackedDecoder(m, layout="out_in"), PROMPT + (STEPS - 1) / 2)
         fns["read"] = reader(per_step["bytes_per_step"], STEPS)
         times = cpu_time_interleaved(fns, warmup=1, repeats=args.repeats)

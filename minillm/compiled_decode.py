@@ -26,10 +26,11 @@ Four details make the compiled step fast rather than slow:
   tensors it is given on every call, which Dynamo's guards have already checked. Without them
   the int4 step is about 7 % faster, the fp32 and int8 steps 3-5 %, bf16's no faster that one
   can measure (`benchmarks/step_wrapper.py`).
-An int4 step is compiled with Inductor's C++ wrapper too (`cpp_wrapper`): it calls torch's int4
-kernel 24 times between generated kernels, and from C++ those calls skip Python (4 % faster
-again, measured by the same script; the other formats' steps are one generated kernel each and
-gain nothing that pays for the C++ wrapper's longer compile).
+Inductor's C++ wrapper (`cpp_wrapper`) was measured too (same script): it makes the int4 step,
+which calls torch's int4 kernel 24 times between generated kernels, about 4 % faster, and the
+other formats' single-kernel steps no faster, but its C++ compile is slow: with it,
+`tests/test_quant_speed.py`'s bench of a tiny model took 69 s in `make test` instead of 11 s.
+So the step keeps the Python wrapper.
 
 Quantized models (minillm.quant: `quantize_model(model, "int8")` or "int4-g64") run here too:
 their merged QuantLinear matrices become `Int8Rows` (codes and one fp32 scale per row; Inductor
@@ -56,7 +57,6 @@ from .quant import QuantLinear
 
 INDUCTOR_OPTIONS = {"realize_opcount_threshold": 1, "size_asserts": False,
                     "alignment_asserts": False, "scalar_asserts": False}
-EXTERN_KERNEL_OPTIONS = {"cpp_wrapper": True}     # added where the step calls torch's int4 kernel
 MATRICES = ("qkv", "o", "gu", "down")
 
 
@@ -123,10 +123,7 @@ class CompiledDecoder:
         # position), so each decoder compiles its own copy of `_forward`'s code.
         code = CompiledDecoder._forward.__code__.replace(co_name=f"_forward_{id(self):x}")
         own = types.MethodType(types.FunctionType(code, globals(), code.co_name), self)
-        extern = any(isinstance(m, cpu_weight_only.W4Packed)
-                     for m in [self.lm_head, *(w[k] for w in self.layers for k in MATRICES)])
-        options = {**INDUCTOR_OPTIONS, **EXTERN_KERNEL_OPTIONS} if extern else INDUCTOR_OPTIONS
-        self._compiled = torch.compile(own, options=options)
+        self._compiled = torch.compile(own, options=INDUCTOR_OPTIONS)
 
     def _forward(self, ids, pos, cos, sin, ks, vs):
         """The whole step on plain tensors: ids [1], pos the position (symbolic once compiled)."""

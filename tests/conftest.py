@@ -29,12 +29,21 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def built_decks(tmp_path_factory) -> Path:
-    """Every slide deck built once per session with the command `make slides` runs."""
-    out = tmp_path_factory.getbasetemp() / "slides_html"
-    r = subprocess.run([sys.executable, "-m", "slides.build", "--out", str(out)], cwd=REPO,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"python -m slides.build failed:\n{r.stdout}\n{r.stderr}"
-    (out / ".built").write_text(r.stdout)
+    """Every slide deck built once per test run with the command `make slides` runs. Under
+    pytest-xdist the workers share one build (in the run's temporary folder, under a file lock):
+    the slide tests and the browser's slide tests usually run on different workers."""
+    from filelock import FileLock
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent                  # pytest-N/, which this run's workers share
+    out = base / "slides_html"
+    with FileLock(str(base / "slides_html.lock")):
+        if not (out / ".built").is_file():
+            r = subprocess.run([sys.executable, "-m", "slides.build", "--out", str(out)],
+                               cwd=REPO, capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, \
+                f"python -m slides.build failed:\n{r.stdout}\n{r.stderr}"
+            (out / ".built").write_text(r.stdout)
     return out
 
 
