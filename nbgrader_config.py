@@ -11,7 +11,7 @@ Run nbgrader from this directory (or through `python -m autograder ...`, which d
 below is derived from this file's location, so a copy of this file next to a copy of labs/ (the
 tests' temporary course, selfgrade's) is a complete course of its own.
 """
-import importlib.util
+import importlib
 import os
 import sys
 
@@ -50,18 +50,8 @@ c.LimitOutput.max_lines = 1000
 
 
 def _load(name):
-    """autograder/<name>.py, loaded by path: importing the `autograder` package would import
-    torch (3 s) into every nbgrader process for nothing."""
-    spec = importlib.util.find_spec("autograder")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], f"{name}.py")
-    if f"autograder_{name}" not in sys.modules:
-        mspec = importlib.util.spec_from_file_location(f"autograder.{name}", path)
-        module = importlib.util.module_from_spec(mspec)
-        sys.modules[f"autograder_{name}"] = module
-        mspec.loader.exec_module(module)
-    return sys.modules[f"autograder_{name}"]
+    """autograder/<name>.py (cheap: the package loads torch only with a test-cell helper)."""
+    return importlib.import_module(f"autograder.{name}")
 
 
 try:
@@ -98,7 +88,7 @@ if execute is not None:
 # written answers still waiting for a grader (autograder/export.py).
 try:
     _load("export")
-    c.ExportApp.plugin_class = "autograder_export.SplitScoreCsv"
+    c.ExportApp.plugin_class = "autograder.export.SplitScoreCsv"
 except Exception as e:
     print(f"nbgrader_config.py: autograder/export.py not loaded ({e!r}); nbgrader's plain CSV",
           file=sys.stderr)

@@ -13,11 +13,30 @@ Test-cell helpers (import them in graded cells):
 
 Command line (see autograder/README.md): python -m autograder release | grade | selfgrade.
 
-Importing this package binds the clock, the median and the torch functions the checks use; the
-grader imports it in the kernel before any notebook cell runs, so student code cannot patch them.
+The helpers load on first use, so that the grader's own processes (the CLI, one job process per
+submission) start without torch. `bind()` loads them all at once and binds the clock, the median
+and the torch functions the checks use: the grader runs it in the kernel before any notebook cell
+runs (autograder/execute.py, autograder/sealed.py), so student code cannot patch them first.
 """
-from .checks import WorkCounter, assert_close, reference_disabled
-from .timing import RatioResult, check_ratio, cuda_sync, time_ratio
+from __future__ import annotations
 
-__all__ = ["assert_close", "reference_disabled", "WorkCounter", "time_ratio", "check_ratio",
-           "RatioResult", "cuda_sync"]
+import importlib
+
+_HOME = {"assert_close": "checks", "reference_disabled": "checks", "WorkCounter": "checks",
+         "time_ratio": "timing", "check_ratio": "timing", "RatioResult": "timing",
+         "cuda_sync": "timing"}
+__all__ = list(_HOME)
+
+
+def bind() -> None:
+    """Import every helper and bind it as an attribute of this package."""
+    g = globals()
+    for name, module in _HOME.items():
+        g[name] = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        bind()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ submissions:
   out cell was interrupted no longer aborts the whole submission: the cell that was running and
   every later code cell get a `KernelDied` / `KernelUnresponsive` error output, so what ran before keeps its points and the rest scores zero (nbgrader counts a test
   cell without an error output as passed, so unexecuted cells must never be left blank);
-* before the first cell, the kernel runs `setup_code`: by default it imports `autograder`, which
+* before the first cell, the kernel runs `setup_code`: by default `autograder.bind()`, which
   binds the clock and the helpers the test cells use before any student code can patch them;
   for a sealed run (`seal`, see autograder/sealed.py) it installs the sealed-cell hook, and
   after each locked cell the executor collects the kernel's signed verdicts;
@@ -58,8 +58,9 @@ class GuardedExecute(Execute):
         900, help="Seconds the whole notebook may run (0 = no limit); cells that would start "
                   "later are not run and score zero.").tag(config=True)
     setup_code = Unicode(
-        "import autograder", help="Run silently in the kernel before the first cell "
-                                  "(a failure is logged, not fatal).").tag(config=True)
+        "import autograder; autograder.bind()",
+        help="Run silently in the kernel before the first cell (a failure is logged, not "
+             "fatal).").tag(config=True)
 
     sandbox = Any(None, help="autograder.sandbox.SandboxSpec: run the kernel in this sandbox")
     seal = Dict({}, help="stub source -> key of each sealed (locked) cell; the kernel's setup "

@@ -58,9 +58,8 @@ Interrupts: jupyter_client interrupts a kernel with SIGINT to the process group 
 it started, here the outer bwrap, which neither forwards nor survives it (the sandbox dies, and
 the kernel with it). SandboxKernelManager signals the kernel's process inside instead.
 
-This module imports only the standard library, psutil, traitlets and jupyter_client (not torch);
-note that `import autograder.sandbox` runs autograder/__init__.py, which imports torch: a process
-that must stay light (nbgrader_config.py) can load this file by path, as it does execute.py.
+This module imports only the standard library, psutil, traitlets and jupyter_client (not torch;
+autograder/__init__.py loads the test-cell helpers, and torch with them, only when one is used).
 """
 from __future__ import annotations
 

@@ -172,8 +172,9 @@ def install(path: str) -> None:
     import numpy  # noqa: F401  - loaded before the snapshot, like everything the tests use
     import torch  # noqa: F401
 
-    import autograder  # noqa: F401
+    import autograder
     import minillm  # noqa: F401
+    autograder.bind()                           # the helpers, bound before any student code
     try:
         import tqdm.std
         tqdm.std.tqdm.monitor_interval = 0      # no monitor thread: the checks refuse threads

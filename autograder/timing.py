@@ -2,8 +2,8 @@
 
 Time is only ever graded as a ratio of two medians measured interleaved in the same process
 (see minillm/timing.py). The timing primitives are the ones `minillm.timing` bound at import; this
-module holds its own references to them, taken when `autograder` is imported (the grader imports
-it before the first notebook cell runs), so a submission that replaces `time.perf_counter`,
+module holds its own references to them, taken when it is imported (the grader's kernel runs
+`autograder.bind()`, which imports it, before the first notebook cell), so a submission that replaces `time.perf_counter`,
 `statistics.median` or `minillm.timing.*` later cannot change a measurement.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ _cuda_is_available = torch.cuda.is_available
 
 
 def cuda_sync() -> None:
-    """torch.cuda.synchronize as it was when autograder was imported (a no-op without CUDA);
+    """torch.cuda.synchronize as it was when this module was imported (a no-op without CUDA);
     pass `sync=autograder.cuda_sync` when timing GPU work."""
     if _cuda_is_available():
         _cuda_synchronize()
