@@ -495,6 +495,20 @@ ATTACKS = [
         fake.sealed = sys.modules["autograder.sealed"]     # the stubs still find the hook
         sys.modules["autograder"] = fake
     ''')),
+    Attack("lazy_helpers", "the package loads its helpers on first use (autograder.__getattr__, "
+           "autograder.bind): the bound helpers deleted from the package, a module __getattr__ "
+           "that hands out no-op helpers planted, and bind replaced by a no-op",
+           WRONG + src('''
+        import contextlib, autograder
+        for _name in ("assert_close", "reference_disabled", "check_ratio", "time_ratio"):
+            autograder.__dict__.pop(_name, None)
+        def __getattr__(name):
+            if name == "reference_disabled":
+                return lambda *a, **k: contextlib.nullcontext()
+            return lambda *a, **k: None
+        autograder.__getattr__ = __getattr__
+        autograder.bind = lambda: None
+    ''')),
     Attack("unwatched_state", "state the integrity check does not snapshot, each enough for "
            "full marks: contextlib._GeneratorContextManager.__exit__ swallowing AssertionError "
            "(contextlib is not watched: the hidden check inside `with reference_disabled(...)` "
