@@ -1,9 +1,11 @@
 """Batch-1 decode on a GPU as one CUDA graph: the whole loop stays on the device.
 
-A decode step of a Llama-shaped model launches about 15 kernels per layer (two norms, four
-matrix products, RoPE, two cache writes, attention, SiLU, residual adds). Launched from Python,
-each costs a few microseconds of CPU time, and the GPU finishes small kernels faster than the CPU
-can issue them: the step is bound by *launches*, not by memory, and the GPU idles between
+A decode step of a Llama-shaped model launches about 28 kernels per layer in eager PyTorch (two
+norms of four kernels each, four matrix products, RoPE, two cache writes, attention, SiLU,
+residual adds; 630 per step of a 22-layer model, profiled). Launched from Python,
+each costs about ten microseconds of CPU time (Python and dispatch: the shipped model's eager
+step, 6 layers of those kernels, took 2.2 ms on an H200), and the GPU finishes small kernels faster than the
+CPU can issue them: the step is bound by *launches*, not by memory, and the GPU idles between
 kernels. A CUDA graph records the launches once; a replay issues all of them with one call.
 
 For a graph every tensor must keep its address and shape from one step to the next, so
@@ -25,6 +27,11 @@ the naive loop and how `benchmarks/gpu_decode.py` measures what the graph remove
 `compile=True` the step goes through `torch.compile` first, which fuses the norms, RoPE, SiLU and
 residual adds into a few generated kernels (fewer kernels per layer), and the graph records
 those.
+
+Measured on an H200 (benchmarks/RESULTS.md, "Decode on the bandwidth scale on a GPU"): the graph
+makes the shipped model's step 6.5x faster; a 7B-parameter model's step reaches 0.58 of the
+device copy's rate (0.62 compiled). `generated_matvec` (Inductor's own products) was slower there
+than cuBLAS; it is kept so that the comparison can be rerun.
 """
 from __future__ import annotations
 
