@@ -81,16 +81,12 @@ def quantized(model, scheme: str | None):
         return quantize_model(model, scheme)
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
-                None if len(a) == len(b) else min(len(a), len(b)))
-
-
 def check_tokens(n: int = 48) -> list[dict]:
     """GraphDecoder against the naive loop on the shipped model, on the GPU."""
     import minillm
     from minillm.generate import generate_naive
     from minillm.graph_decode import GraphDecoder
+    from minillm.quant_speed import first_divergence
     from minillm.sampling import SamplingParams
     prompt = list(range(5, 5 + PROMPT_LEN))
     out = []

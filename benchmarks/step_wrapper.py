@@ -51,9 +51,7 @@ def main() -> None:
     for fmt in formats:
         m, fns = models[fmt], {}
         for name, opts in options.items():
-            compiled_decode.INDUCTOR_OPTIONS = opts      # read when the decoder is built
-            fns[name] = decode_steps(m, compiled_decode.CompiledDecoder(m), prompt, STEPS)
-        compiled_decode.INDUCTOR_OPTIONS = default
+            fns[name] = decode_steps(m, compiled_decode.CompiledDecoder(m, opts), prompt, STEPS)
         per_step = step_bytes(PackedDecoder(m, layout="out_in"), PROMPT + (STEPS - 1) / 2)
         fns["read"] = reader(per_step["bytes_per_step"], STEPS)
         times = cpu_time_interleaved(fns, warmup=1, repeats=args.repeats)

@@ -106,9 +106,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class CompiledDecoder:
     """`step(ids [1], cache) -> logits [1, V]`, the interface of `PackedDecoder.step` at batch 1,
-    compiled on the first call. A snapshot of the weights: build a new one after changing them."""
+    compiled on the first call. A snapshot of the weights: build a new one after changing them.
+    `options`: Inductor's options instead of INDUCTOR_OPTIONS (benchmarks/step_wrapper.py)."""
 
-    def __init__(self, model):
+    def __init__(self, model, options: dict | None = None):
         # the packed decoder's [out, in] weights (q/k/v and gate/up concatenated) and RoPE tables
         self.packed = p = PackedDecoder(model, layout="out_in")
         if any(w[b] is not None for w in p.layers for b in ("qkv_b", "o_b", "gu_b", "down_b")):
@@ -123,7 +124,8 @@ class CompiledDecoder:
         # position), so each decoder compiles its own copy of `_forward`'s code.
         code = CompiledDecoder._forward.__code__.replace(co_name=f"_forward_{id(self):x}")
         own = types.MethodType(types.FunctionType(code, globals(), code.co_name), self)
-        self._compiled = torch.compile(own, options=INDUCTOR_OPTIONS)
+        self._compiled = torch.compile(own, options=INDUCTOR_OPTIONS if options is None
+                                       else options)
 
     def _forward(self, ids, pos, cos, sin, ks, vs):
         """The whole step on plain tensors: ids [1], pos the position (symbolic once compiled)."""

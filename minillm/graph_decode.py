@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .compiled_decode import gemv
 from .fast_decode import PackedDecoder
 from .generate import as_prompt_batch, check_vocab
 
@@ -67,6 +68,7 @@ class GraphDecoder:
         self.tokens = torch.zeros(self.max_len + 1, dtype=torch.long, device=dev)
         self.slots = torch.arange(self.max_len, device=dev)
         self._graph = None
+        self.n_prompt = None                 # set by prefill
         if generated_matvec and not compile:
             raise ValueError("generated_matvec=True needs compile=True (Inductor writes it)")
         self.generated_matvec = generated_matvec
@@ -74,11 +76,11 @@ class GraphDecoder:
             self._advance = torch.compile(self._advance)
 
     def _mm(self, x, w, b):
-        """x [1, in] @ w.T (+ b). With generated_matvec a float w is multiplied as an
-        elementwise product summed over `in`, which Inductor turns into one reduction kernel of
-        its own (each weight read once, fp32 accumulation) instead of a cuBLAS call."""
+        """x [1, in] @ w.T (+ b). With generated_matvec a float w goes through the CPU compiled
+        step's product (`minillm.compiled_decode.gemv`), which Inductor writes as a kernel of its
+        own (each weight read once, fp32 accumulation) instead of a cuBLAS call."""
         if self.generated_matvec and isinstance(w, torch.Tensor):
-            y = (w.float() * x.float()).sum(-1).to(x.dtype)[None]
+            y = gemv(x[0].float(), w).to(x.dtype)[None]
             return y if b is None else y + b
         return self.packed._mm(x, w, b)
 
@@ -172,6 +174,8 @@ class GraphDecoder:
     def decode(self, n: int) -> None:
         """n - 1 more steps after `prefill` (whose last step already chose the first token):
         `tokens` then holds n new tokens. No synchronisation with the CPU in between."""
+        if self.n_prompt is None:
+            raise ValueError("decode needs a prompt first: call prefill(prompt)")
         have = self.max_len - self.n_prompt + 1
         if not 0 < n <= have:
             raise ValueError(f"n must be in 1..{have} (the cache holds {self.max_len} "

@@ -9,6 +9,7 @@ import minillm
 from minillm.generate import generate_naive
 from minillm.graph_decode import GraphDecoder
 from minillm.quant import quantize_model
+from minillm.quant_speed import first_divergence
 from minillm.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=20)
@@ -26,7 +27,7 @@ def assert_greedy_matches(model, prompt, got):
     want = generate_naive(model, prompt, SamplingParams(temperature=0, max_new_tokens=len(got)))[0]
     if got == want:
         return
-    i = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+    i = first_divergence(got, want)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + want[:i]]))[0, -1].float()
     best, chosen = logits[want[i]], logits[got[i]]

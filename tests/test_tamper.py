@@ -509,6 +509,24 @@ ATTACKS = [
         autograder.__getattr__ = __getattr__
         autograder.bind = lambda: None
     ''')),
+    Attack("lazy_reimport", "the helpers loaded afresh after torch.isclose / torch.eq were "
+           "replaced (autograder.checks and autograder.timing taken out of sys.modules and their "
+           "names out of the package, so the next use imports them again, capturing the fakes), "
+           "then torch put back as it was",
+           WRONG + src('''
+        import sys, torch, autograder
+        _orig = torch.isclose, torch.eq
+        torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
+        torch.eq = lambda a, b: torch.ones_like(a, dtype=torch.bool)
+        for _m in ("autograder.checks", "autograder.timing"):
+            sys.modules.pop(_m, None)
+            autograder.__dict__.pop(_m.split(".")[1], None)
+        for _name in ("assert_close", "reference_disabled", "WorkCounter", "check_ratio",
+                      "time_ratio", "RatioResult", "cuda_sync"):
+            autograder.__dict__.pop(_name, None)
+        autograder.assert_close                  # re-imports the helpers with the fakes bound
+        torch.isclose, torch.eq = _orig
+    ''')),
     Attack("unwatched_state", "state the integrity check does not snapshot, each enough for "
            "full marks: contextlib._GeneratorContextManager.__exit__ swallowing AssertionError "
            "(contextlib is not watched: the hidden check inside `with reference_disabled(...)` "
