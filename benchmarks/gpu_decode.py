@@ -13,7 +13,9 @@ bf16, as `quantize_model` leaves it).
 
 Each format decodes with `minillm.graph_decode.GraphDecoder`: a CUDA graph per step (``graph``)
 and, on the same decoder, the same step launched kernel by kernel from Python (``eager``);
-``--compile`` adds bf16 through torch.compile, with and without the graph. For each: prefill a
+``bf16_triton`` is bf16 with the products on the Triton GEMV of kernels/gemv.py instead of
+cuBLAS; ``--compile`` adds bf16 through torch.compile (cuBLAS or the Triton GEMV), with and
+without the graph. For each: prefill a
 32-token prompt, then time `--steps` decode steps with CUDA events (the prefill untimed); rounds
 interleave the variants; the median round counts.
 
@@ -98,18 +100,21 @@ def check_tokens(n: int = 48) -> list[dict]:
             model = quantized(base, scheme)
             want = generate_naive(model, prompt, SamplingParams(temperature=0,
                                                                 max_new_tokens=n))[0]
-            for graph in (True, False):
-                got = GraphDecoder(model, max_len=PROMPT_LEN + n, graph=graph).generate(prompt, n)
+            gemvs = (False, True) if scheme is None else (False,)
+            for graph, triton_gemv in [(g, t) for g in (True, False) for t in gemvs]:
+                got = GraphDecoder(model, max_len=PROMPT_LEN + n, graph=graph,
+                                   triton_gemv=triton_gemv).generate(prompt, n)
                 row = {"dtype": str(dtype).removeprefix("torch."),
                        "format": fmt if dtype == torch.bfloat16 else "fp32",
-                       "graph": graph, "tokens": n, "match": got == want,
-                       "first_divergence": first_divergence(got, want)}
+                       "graph": graph, "triton_gemv": triton_gemv, "tokens": n,
+                       "match": got == want, "first_divergence": first_divergence(got, want)}
                 print("tokens", row, flush=True)
                 out.append(row)
     return out
 
 
-def bench_model(name: str, steps: int, rounds: int, copy_gbps: float, compile_: bool) -> dict:
+def bench_model(name: str, steps: int, rounds: int, copy_gbps: float, compile_: bool,
+                gen_matvec: bool = False) -> dict:
     from minillm.bandwidth import step_bytes
     from minillm.graph_decode import GraphDecoder
     t0 = time.perf_counter()
@@ -120,8 +125,12 @@ def bench_model(name: str, steps: int, rounds: int, copy_gbps: float, compile_: 
         model = quantized(base, scheme)
         decoders[fmt] = GraphDecoder(model, max_len=max_len)
         del model
+    decoders["bf16_triton"] = GraphDecoder(base, max_len=max_len, triton_gemv=True)
     if compile_:
         decoders["bf16_compiled"] = GraphDecoder(base, max_len=max_len, compile=True)
+        decoders["bf16_compiled_triton"] = GraphDecoder(base, max_len=max_len, compile=True,
+                                                        triton_gemv=True)
+    if gen_matvec:
         decoders["bf16_gen_matvec"] = GraphDecoder(base, max_len=max_len, compile=True,
                                                    generated_matvec=True)
     del base
@@ -169,14 +178,15 @@ def bench_model(name: str, steps: int, rounds: int, copy_gbps: float, compile_: 
             "rows": rows}
 
 
-def profile(name: str, compile_: bool, steps: int = 20) -> None:
+def profile(name: str, compile_: bool, triton_gemv: bool = False, steps: int = 20) -> None:
     """Where a bf16 step's GPU time goes: torch.profiler over `steps` graph replays, kernels
     sorted by their total device time (the graph's kernels are recorded one by one)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     from minillm.graph_decode import GraphDecoder
-    dec = GraphDecoder(build(name), max_len=PROMPT_LEN + 2 * steps, compile=compile_)
+    dec = GraphDecoder(build(name), max_len=PROMPT_LEN + 2 * steps, compile=compile_,
+                       triton_gemv=triton_gemv)
     dec.prefill(torch.arange(PROMPT_LEN) % 1000 + 3)
     for _ in range(steps):                       # warm-up, clocks up
         dec.step()
@@ -189,7 +199,8 @@ def profile(name: str, compile_: bool, steps: int = 20) -> None:
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.self_device_time_total for e in events)
     calls = sum(e.count for e in events)
-    print(f"\nprofile {name} bf16{' compiled' if compile_ else ''}: {calls / steps:.0f} kernels "
+    print(f"\nprofile {name} bf16{' compiled' if compile_ else ''}"
+          f"{' triton_gemv' if triton_gemv else ''}: {calls / steps:.0f} kernels "
           f"per step, {total / steps:.0f} us of kernel time per step")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:25]:
         print(f"{e.self_device_time_total / steps:9.1f} us/step {e.count / steps:6.1f} calls/step "
@@ -210,8 +221,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=256, help="decode steps timed per round")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds")
     ap.add_argument("--compile", action="store_true",
-                    help="also bf16 through torch.compile, with cuBLAS's products and with "
-                         "Inductor's own (GraphDecoder's generated_matvec)")
+                    help="also bf16 through torch.compile, with cuBLAS's products and with the "
+                         "Triton GEMV (GraphDecoder's triton_gemv)")
+    ap.add_argument("--gen-matvec", action="store_true",
+                    help="also bf16 compiled with Inductor's own products (generated_matvec)")
+    ap.add_argument("--triton-gemv", action="store_true",
+                    help="with --profile: the step with the Triton GEMV")
     ap.add_argument("--no-check", action="store_true", help="skip the greedy-token check")
     ap.add_argument("--json-out", metavar="FILE", help="write the JSON report to FILE")
     ap.add_argument("--profile", action="store_true",
@@ -234,7 +249,7 @@ def main(argv=None) -> int:
 
     if args.profile:
         for name in args.models.split(","):
-            profile(name, args.compile)
+            profile(name, args.compile, args.triton_gemv)
         return 0
     if not args.no_check:
         report["tokens"] = check_tokens()
@@ -244,7 +259,7 @@ def main(argv=None) -> int:
           f"copy {copy_gbps:.0f} GB/s", flush=True)
     for name in args.models.split(","):
         steps = args.steps if name != "7b" else max(2, args.steps // 2)
-        m = bench_model(name, steps, args.rounds, copy_gbps, args.compile)
+        m = bench_model(name, steps, args.rounds, copy_gbps, args.compile, args.gen_matvec)
         report["models"].append(m)
         save()
         print(f"\n{name}: {m['params'] / 1e9:.3f}B matrix weights, {steps} steps x "

@@ -16,12 +16,14 @@ bf16 weights = 2 bytes each, int8 = 1, int4 = 0.5 (+ group scales), so up to 2x 
 Kernel design (one program = one BLOCK_N slice of output features, looping over all of K):
 
 * Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). Decode has M <= 16, so the N axis must provide the
-  parallelism: BLOCK_N = 8 gives 512 programs for N = 4096, about four per H100 SM. No split-K:
-  it would need a zeroed float32 buffer, atomics and a cast, i.e. extra launches that cost more
-  than they save at these sizes.
+  parallelism: BLOCK_N = 8 gives 512 programs for N = 4096, about four per H100 SM. M = 1 goes
+  to kernels/gemv.py (`pick_config` says so with `gemv=True`): the same FMA path for one row,
+  with codes converted by byte permutes on a GPU and optional split-K (one launch: the last
+  program of a row block adds the partial sums).
 * Every weight byte is loaded once and dequantized in registers; all M rows of x are applied to
   it before the next tile is loaded (x is tiny and stays in L1/L2).
-* M = 1: the "FMA path" on the CUDA cores. int8: the products are summed elementwise into a
+* M = 1 (with a config without `gemv`, as the sweeps of benchmarks/dequant_matmul.py try): the
+  "FMA path" on the CUDA cores. int8: the products are summed elementwise into a
   [BLOCK_M, BLOCK_N, BLOCK_K] float32 accumulator and reduced over k once, after the loop, so a
   step is loads, converts and multiply-adds with no cross-thread reduction. int4: one tl.sum
   per group per step (the group's scale and zero point are applied to that sum, below); the
@@ -62,6 +64,7 @@ import triton
 import triton.language as tl
 
 from .dequant_ref import check_w4a16_args, check_w8a16_args
+from .gemv import gemv_launch_w4, gemv_launch_w8
 from .interpret import INTERPRET
 from .intmath import cdiv, next_power_of_2
 
@@ -80,6 +83,8 @@ class Config:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    gemv: bool = False      # M = 1 only: the split-K GEMV kernels of kernels/gemv.py
+    split_k: int = 1        # (gemv) programs per row block, each over 1/split_k of K
 
 
 def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None) -> Config:
@@ -87,8 +92,10 @@ def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None
     benchmarks/dequant_matmul.py --sweep` times the alternatives; the sweeps that chose it are
     in benchmarks/RESULTS.md).
 
-    M = 1 (a matrix-vector product, the decode case): the FMA path. w8 steps over [8, 1024]
-    int8 tiles (8 KiB) with 4 warps; w4 over [16, 1024] codes (8 KiB) with 8 warps.
+    M = 1 (a matrix-vector product, the decode case): the GEMV kernels of kernels/gemv.py,
+    which convert codes with byte permutes on a GPU. w8: [8, 1024] int8 tiles with 4 warps;
+    w4: [8, 1024] codes with 4 warps, and for N >= 8192 [32, 256] tiles with the groups split
+    four ways (split-K), the best of `python benchmarks/gemv_sweep.py` on an H200.
     M >= 2: the tensor-core path, 16 rows of x (64 for prefill-sized M): the FMA path's
     CUDA-core work grows with M, while the padded rows of the dot cost no memory traffic. int4
     groups under 32 codes always take the FMA path (tl.dot needs K tiles >= 16)."""
@@ -97,8 +104,12 @@ def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None
     small_group = kind == "w4" and group_size is not None and group_size < 32
     if M == 1:
         if kind == "w8":
-            return Config(False, 1, 8, 1024, num_warps=4, num_stages=3)
-        return Config(False, 1, 16, max(1024, group_size or 0), num_warps=8, num_stages=3)
+            return Config(False, 1, 8, 1024, num_warps=4, num_stages=3, gemv=True)
+        g = group_size or 0
+        if N >= 8192 and g <= 256:
+            return Config(False, 1, 32, max(256, g), num_warps=4, num_stages=3, gemv=True,
+                          split_k=4)
+        return Config(False, 1, 8, max(1024, g), num_warps=4, num_stages=3, gemv=True)
     if small_group:
         return Config(False, min(next_power_of_2(M), 4), 16, 256)
     if M > 16:
@@ -113,6 +124,8 @@ def _check_config(cfg: Config, kind: str, group_size: int | None) -> None:
         v = getattr(cfg, name)
         if v < 1 or v & (v - 1):
             raise ValueError(f"config {name} must be a power of two, got {v}")
+    if cfg.gemv and (cfg.use_dot or cfg.block_m != 1 or cfg.split_k < 1):
+        raise ValueError(f"a gemv config is for M = 1 on the FMA path, split_k >= 1: {cfg}")
     if cfg.use_dot and min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
         raise ValueError(f"tl.dot needs blocks >= 16, got {cfg}")
     if kind == "w4":
@@ -304,6 +317,9 @@ def _launch_w8(x2, qweight, scales, bias, out, config: Config | None = None) -> 
         return
     cfg = config or pick_config("w8", M, N, K)
     _check_config(cfg, "w8", None)
+    if cfg.gemv and M == 1:
+        return gemv_launch_w8(x2[0], qweight, scales, bias, out[0], cfg.block_n, cfg.block_k,
+                              cfg.split_k, cfg.num_warps, cfg.num_stages)
     grid = (cdiv(N, cfg.block_n), cdiv(M, cfg.block_m))
     b = bias if bias is not None else scales  # any valid pointer; unused without HAS_BIAS
     args = (x2, qweight, scales, b, out, M, N, K, x2.stride(0), x2.stride(1),
@@ -326,6 +342,10 @@ def _launch_w4(x2, qweight, scales, zeros, group_size, bias, out,
         return
     cfg = config or pick_config("w4", M, N, K, group_size)
     _check_config(cfg, "w4", group_size)
+    if cfg.gemv and M == 1:
+        return gemv_launch_w4(x2[0], qweight, scales, zeros, group_size, bias, out[0],
+                              cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps,
+                              cfg.num_stages)
     grid = (cdiv(N, cfg.block_n), cdiv(M, cfg.block_m))
     b = bias if bias is not None else scales[:, 0]
     args = (x2, qweight, scales, zeros, b, out, M, N, K, x2.stride(0), x2.stride(1),

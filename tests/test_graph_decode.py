@@ -69,13 +69,40 @@ def test_grouped_heads_and_a_full_cache(kw):
         dec.generate(prompt, 12)
 
 
-@pytest.mark.parametrize("generated_matvec", [False, True])
-def test_the_compiled_step_gives_the_same_tokens(generated_matvec):
+@pytest.mark.parametrize("kw", [dict(generated_matvec=False), dict(generated_matvec=True),
+                                dict(triton_gemv=True)])
+def test_the_compiled_step_gives_the_same_tokens(kw):
     m = tiny(n_kv_heads=2)
     prompt = [3, 14, 15, 9, 2, 6]
-    dec = GraphDecoder(m, max_len=24, compile=True, generated_matvec=generated_matvec)
+    dec = GraphDecoder(m, max_len=24, compile=True, **kw)
     assert dec.generate(prompt, 12) == \
         generate_naive(m, prompt, SamplingParams(temperature=0, max_new_tokens=12))[0]
+
+
+def test_the_triton_gemv_step_gives_the_models_tokens_and_logits():
+    """Products on kernels/gemv.py's GEMV (the Triton interpreter here, hence a tiny model)
+    instead of torch's."""
+    model = tiny(n_kv_heads=2)
+    prompt = [3, 14, 15, 9, 2, 6]
+    dec = GraphDecoder(model, max_len=16, triton_gemv=True)
+    assert dec.generate(prompt, 8) == \
+        generate_naive(model, prompt, SamplingParams(temperature=0, max_new_tokens=8))[0]
+    dec.prefill(prompt)
+    with torch.no_grad():
+        want = model(torch.tensor([prompt + [dec.ids.item()]]))[:, -1]
+    torch.testing.assert_close(dec.logits(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_compiled_step_writes_the_cache_in_place():
+    """Each layer's cache is an input of its own, so the compiled step writes one position into
+    it rather than copying the whole cache (a write into a view of one [layers, ...] tensor was
+    compiled into a copy of all of it)."""
+    m = tiny(n_kv_heads=2)
+    dec = GraphDecoder(m, max_len=24, compile=True)
+    ks = [k.data_ptr() for k in dec.k]
+    dec.generate([3, 14, 15], 4)
+    assert [k.data_ptr() for k in dec.k] == ks and len(set(ks)) == m.config.n_layers
+    assert all(k[:, :6].abs().sum() > 0 and k[:, 6:].abs().sum() == 0 for k in dec.k)
 
 
 def test_bad_input_is_refused_by_name():
@@ -87,6 +114,8 @@ def test_bad_input_is_refused_by_name():
         GraphDecoder(m, max_len=65)
     with pytest.raises(ValueError, match="needs compile=True"):
         GraphDecoder(m, generated_matvec=True)
+    with pytest.raises(ValueError, match="one of triton_gemv and generated_matvec"):
+        GraphDecoder(m, compile=True, generated_matvec=True, triton_gemv=True)
     dec = GraphDecoder(m, max_len=8)
     with pytest.raises(ValueError, match="one sequence"):
         dec.prefill([[1, 2], [3, 4]])

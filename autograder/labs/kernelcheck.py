@@ -64,7 +64,8 @@ __all__ = ["assert_triton_kernel", "assert_bare_kernel", "fresh_kernel", "quiet_
 
 # the modules whose functions a student kernel must not lean on (kernels.formats, intmath and
 # interpret hold layouts and helpers the labs use themselves and stay on)
-COURSE_KERNEL_MODULES = ("kernels.dequant_matmul", "kernels.dequant_ref", "kernels.cpu_weight_only",
+COURSE_KERNEL_MODULES = ("kernels.dequant_matmul", "kernels.gemv", "kernels.dequant_ref",
+                         "kernels.cpu_weight_only",
                          "kernels.paged_attention", "kernels.paged_attention_ref")
 _TRUSTED_DIRS = tuple(str(Path(importlib.import_module(p).__file__).resolve().parent)
                       for p in ("kernels", "minillm", "autograder"))
