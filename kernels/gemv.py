@@ -20,8 +20,10 @@ memory allows, turning each weight into a float on the way. Two things decide wh
   word, one `prmt` per nibble builds its float.
 
 Formats, argument checks and references are those of kernels/dequant_matmul.py (the M >= 1
-kernels); `kernels.dequant_matmul` sends M = 1 here when the config asks for split-K or the fast
-conversion. Without a GPU the kernels run in Triton's interpreter (FAST_CVT off) for the tests.
+kernels); `kernels.dequant_matmul` sends every M = 1 call here (`pick_config` returns a config
+with `gemv=True`). Without a GPU the kernels run in Triton's interpreter (FAST_CVT off) for the
+tests. Measured (H200): benchmarks/RESULTS.md, "Second run: a cache tensor per layer and a
+Triton GEMV", from `python benchmarks/gemv_sweep.py`.
 """
 from __future__ import annotations
 
