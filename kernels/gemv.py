@@ -194,17 +194,18 @@ def _gemv_w4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N
 _WORK: dict = {}
 
 
-def _workspace(device, split_k: int, n: int, blocks: int):
-    """(float32 partials [split_k, n], int32 counters [blocks], zero) for this device, reused
-    while large enough: a CUDA graph that captured a call keeps using the same buffers."""
+def _workspace(y1, split_k: int, n: int, blocks: int):
+    """(float32 partials [split_k, n], int32 counters [blocks], zero) for y1's device, reused
+    while large enough: a CUDA graph that captured a call keeps using the same buffers. Without
+    split-K, y1 twice: any valid pointer, never read."""
     if split_k == 1:
-        return None, None
-    key = (device.type, device.index)
+        return y1, y1
+    key = (y1.device.type, y1.device.index)
     ws, cnt = _WORK.get(key, (None, None))
     if ws is None or ws.numel() < split_k * n:
-        ws = torch.empty(split_k * n, device=device, dtype=torch.float32)
+        ws = torch.empty(split_k * n, device=y1.device, dtype=torch.float32)
     if cnt is None or cnt.numel() < blocks:
-        cnt = torch.zeros(blocks, device=device, dtype=torch.int32)
+        cnt = torch.zeros(blocks, device=y1.device, dtype=torch.int32)
     _WORK[key] = ws, cnt
     return ws, cnt
 
@@ -217,10 +218,10 @@ def gemv_launch_float(x1, w, bias, y1, block_n=8, block_k=512, split_k=1, num_wa
                       num_stages=3):
     """y1[N] = w[N, K] @ x1[K] (+ bias) for float weights."""
     N, K = w.shape
-    ws, cnt = _workspace(x1.device, split_k, N, cdiv(N, block_n))
+    ws, cnt = _workspace(y1, split_k, N, cdiv(N, block_n))
     b = bias if bias is not None else y1
     _gemv_rows_kernel[(cdiv(N, block_n), split_k)](
-        x1, w, y1, b, y1, ws if ws is not None else y1, cnt if cnt is not None else y1, N, K,
+        x1, w, y1, b, y1, ws, cnt, N, K,
         x1.stride(0), w.stride(0), w.stride(1), 0, b.stride(0), y1.stride(0),
         IS_INT8=False, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, FAST_CVT=False, num_warps=num_warps, num_stages=num_stages)
@@ -230,11 +231,10 @@ def gemv_launch_w8(x1, qweight, scales, bias, y1, block_n=8, block_k=1024, split
                    num_warps=4, num_stages=3, fast_cvt=True):
     """y1[N] = dequant(qweight)[N, K] @ x1[K] (+ bias), int8 codes with a scale per row."""
     N, K = qweight.shape
-    ws, cnt = _workspace(x1.device, split_k, N, cdiv(N, block_n))
+    ws, cnt = _workspace(y1, split_k, N, cdiv(N, block_n))
     b = bias if bias is not None else scales
     _gemv_rows_kernel[(cdiv(N, block_n), split_k)](
-        x1, qweight, scales, b, y1, ws if ws is not None else y1,
-        cnt if cnt is not None else y1, N, K, x1.stride(0), qweight.stride(0),
+        x1, qweight, scales, b, y1, ws, cnt, N, K, x1.stride(0), qweight.stride(0),
         qweight.stride(1), scales.stride(0), b.stride(0), y1.stride(0),
         IS_INT8=True, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, FAST_CVT=_fast(fast_cvt), num_warps=num_warps, num_stages=num_stages)
@@ -245,11 +245,10 @@ def gemv_launch_w4(x1, qweight, scales, zeros, group_size, bias, y1, block_n=16,
     """y1[N] = dequant(qweight, scales, zeros)[N, K] @ x1[K] (+ bias), packed int4."""
     N = qweight.shape[0]
     K = 2 * qweight.shape[1]
-    ws, cnt = _workspace(x1.device, split_k, N, cdiv(N, block_n))
+    ws, cnt = _workspace(y1, split_k, N, cdiv(N, block_n))
     b = bias if bias is not None else scales[:, 0]
     _gemv_w4_kernel[(cdiv(N, block_n), split_k)](
-        x1, qweight, scales, zeros, b, y1, ws if ws is not None else y1,
-        cnt if cnt is not None else y1, N, K, x1.stride(0), qweight.stride(0),
+        x1, qweight, scales, zeros, b, y1, ws, cnt, N, K, x1.stride(0), qweight.stride(0),
         qweight.stride(1), scales.stride(0), scales.stride(1), zeros.stride(0),
         zeros.stride(1), b.stride(0), y1.stride(0),
         HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_N=block_n,

@@ -205,6 +205,9 @@ def test_what_is_not_the_students_triton_is_refused(solution):
         tri.check_w8a16_gemv(plain)
     with pytest.raises(AssertionError, match="course's kernel"):
         tri.check_w8a16_gemv(dm._w8a16_fma_kernel)
+    import kernels.gemv as gv  # the batch-1 kernels the fused ones call at M = 1
+    with pytest.raises(AssertionError, match="course's kernel"):
+        tri.check_w8a16_gemv(gv._gemv_rows_kernel)
     with pytest.raises(AssertionError, match="must be a @triton.jit kernel"):
         tri.check_matvec(solution.matvec_kernel.fn)
 
@@ -217,6 +220,13 @@ def test_course_kernels_are_off_inside_the_check_and_back_after():
         with pytest.raises(AssertionError, match="disabled"):
             K.w8a16_matmul_ref(x, q, s)
     assert torch.equal(K.w8a16_matmul_ref(x, q, s), before)
+    import kernels.gemv as gv  # the batch-1 launchers are off too
+    y = torch.empty(8)
+    with kc.course_kernels_disabled():
+        with pytest.raises(AssertionError, match="disabled"):
+            gv.gemv_launch_w8(x[0], q, s, None, y)
+    gv.gemv_launch_w8(x[0], q, s, None, y)
+    assert torch.allclose(y, before[0])
 
 
 @pytest.mark.parametrize("fmt", ["w8a16", "w4a16"])
