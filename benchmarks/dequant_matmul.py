@@ -94,8 +94,13 @@ def candidates(kind: str, M: int, group: int) -> list:
                 for bk in ((256, 512, 1024) if kind == "w8" else (256, 512, 1024, 2048))
                 for w in (4, 8) for st in (1, 2, 3)
                 if bm * bn * bk <= 64 * 32 * w and (kind == "w8" or bk % group == 0)]
-    return [dm.Config(True, 16, bn, 64 if kind == "w8" else group, w, st)
-            for bn in (16, 32, 64) for w in (4, 8) for st in (2, 3, 4)]
+    if M > 16:
+        return [dm.Config(True, 16, bn, 64 if kind == "w8" else group, w, st)
+                for bn in (16, 32, 64) for w in (4, 8) for st in (2, 3, 4)]
+    # M <= 16: one row block, so K can be split: split_k times as many programs stream W
+    return [dm.Config(True, 16, bn, bk, 4, 4 if kind == "w8" else 3, split_k=sk)
+            for bn in (16, 32, 64) for bk in ((64, 128) if kind == "w8" else (group,))
+            for sk in (1, 2, 4, 8)]
 
 
 def sweep(N: int, K: int, batches, group: int, timer: Timer, warmup: int, repeats: int,

@@ -44,6 +44,8 @@ def configs(kind: str):
     fast = {} if kind == "float" else {"fast_cvt": True}
     out = [dict(block_n=bn, block_k=bk, num_warps=w, split_k=s, **fast)
            for bn, bk, w in tiles(kind) for s in (1, 2, 4)]
+    if kind == "w4":       # the nibbles kept apart, each half against its own inputs
+        out += [dict(c, halves=True) for c in out]
     if kind != "float":    # the portable conversion, on the kernel's default tile
         bn, bk, w = (8, 1024, 4) if kind == "w8" else (16, 1024, 8)
         out += [dict(block_n=bn, block_k=bk, num_warps=w, split_k=s, fast_cvt=False)
@@ -53,7 +55,7 @@ def configs(kind: str):
 
 def name(cfg: dict) -> str:
     return (f"bn{cfg['block_n']}_bk{cfg['block_k']}_w{cfg['num_warps']}_s{cfg['split_k']}"
-            + ("_fast" if cfg.get("fast_cvt") else ""))
+            + ("_fast" if cfg.get("fast_cvt") else "") + ("_halves" if cfg.get("halves") else ""))
 
 
 def time_configs(kind, launch, want, baselines: dict, timer, repeats, label, log):
@@ -87,6 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--float-models", default="7b,1b")
+    ap.add_argument("--kinds", default="w8,w4", help="quantized kernels to sweep")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -128,18 +131,21 @@ def main(argv=None) -> int:
         y = torch.empty(n, device="cuda", dtype=torch.bfloat16)
         base = {"cublas_bf16": lambda: x @ wb.T}
         w8_ref, w4_ref = w8a16_matmul_ref(x, q8, s8)[0], w4a16_matmul_ref(x, q4, s4, z4, G)[0]
-        report["square"].append({**time_configs(
-            "w8", lambda c: (gemv.gemv_launch_w8(x[0], q8, s8, None, y, **c), y)[1], w8_ref,
-            {**base, "w8a16_matmul": lambda: w8a16_matmul(x, q8, s8)}, timer, args.repeats,
-            f"w8 {n}x{n}", log), "N": n, "K": n, "kind": "w8",
-            "bytes": nbytes(q8, s8, x) + 2 * n, "bf16_bytes": nbytes(wb, x) + 2 * n})
-        save()
-        report["square"].append({**time_configs(
-            "w4", lambda c: (gemv.gemv_launch_w4(x[0], q4, s4, z4, G, None, y, **c), y)[1],
-            w4_ref, {**base, "w4a16_matmul": lambda: w4a16_matmul(x, q4, s4, z4, G)}, timer,
-            args.repeats, f"w4 {n}x{n}", log), "N": n, "K": n, "kind": "w4",
-            "bytes": nbytes(q4, s4, z4, x) + 2 * n, "bf16_bytes": nbytes(wb, x) + 2 * n})
-        save()
+        kinds = args.kinds.split(",")
+        if "w8" in kinds:
+            report["square"].append({**time_configs(
+                "w8", lambda c: (gemv.gemv_launch_w8(x[0], q8, s8, None, y, **c), y)[1],
+                w8_ref, {**base, "w8a16_matmul": lambda: w8a16_matmul(x, q8, s8)}, timer,
+                args.repeats, f"w8 {n}x{n}", log), "N": n, "K": n, "kind": "w8",
+                "bytes": nbytes(q8, s8, x) + 2 * n, "bf16_bytes": nbytes(wb, x) + 2 * n})
+            save()
+        if "w4" in kinds:
+            report["square"].append({**time_configs(
+                "w4", lambda c: (gemv.gemv_launch_w4(x[0], q4, s4, z4, G, None, y, **c), y)[1],
+                w4_ref, {**base, "w4a16_matmul": lambda: w4a16_matmul(x, q4, s4, z4, G)},
+                timer, args.repeats, f"w4 {n}x{n}", log), "N": n, "K": n, "kind": "w4",
+                "bytes": nbytes(q4, s4, z4, x) + 2 * n, "bf16_bytes": nbytes(wb, x) + 2 * n})
+            save()
     for model in [m for m in args.float_models.split(",") if m]:
         for N, K in FLOAT_SHAPES[model]:
             wb = (torch.randn(N, K, generator=gen) * K ** -0.5).to("cuda", torch.bfloat16)

@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from .dequant_ref import check_w4a16_args, check_w8a16_args
-from .gemv import gemv_launch_w4, gemv_launch_w8
+from .gemv import _workspace, gemv_launch_w4, gemv_launch_w8
 from .interpret import INTERPRET
 from .intmath import cdiv, next_power_of_2
 
@@ -84,7 +84,8 @@ class Config:
     num_warps: int = 4
     num_stages: int = 3
     gemv: bool = False      # M = 1 only: the split-K GEMV kernels of kernels/gemv.py
-    split_k: int = 1        # (gemv) programs per row block, each over 1/split_k of K
+    split_k: int = 1        # (gemv, dot) programs per tile of y, each over 1/split_k of K
+    halves: bool = False    # (gemv, int4) low and high nibbles kept apart: no join/reshape
 
 
 def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None) -> Config:
@@ -126,6 +127,10 @@ def _check_config(cfg: Config, kind: str, group_size: int | None) -> None:
             raise ValueError(f"config {name} must be a power of two, got {v}")
     if cfg.gemv and (cfg.use_dot or cfg.block_m != 1 or cfg.split_k < 1):
         raise ValueError(f"a gemv config is for M = 1 on the FMA path, split_k >= 1: {cfg}")
+    if cfg.split_k < 1 or (cfg.split_k > 1 and not (cfg.gemv or cfg.use_dot)):
+        raise ValueError(f"split_k > 1 is for the gemv and dot paths, split_k >= 1: {cfg}")
+    if cfg.halves and not (cfg.gemv and kind == "w4"):
+        raise ValueError(f"halves is an option of the int4 gemv kernel: {cfg}")
     if cfg.use_dot and min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
         raise ValueError(f"tl.dot needs blocks >= 16, got {cfg}")
     if kind == "w4":
@@ -178,6 +183,31 @@ def _finish(acc, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS: tl.
              acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _finish_split(acc, ws_ptr, cnt_ptr, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N,
+                  pid_k, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The dot path's end with split-K (M <= BLOCK_M: one row block): each of the SPLIT_K
+    programs of a column block stores its partial [BLOCK_M, BLOCK_N] tile in a float32
+    workspace [SPLIT_K, M, N]; the last to finish (an atomic counter per column block, reset
+    by it) adds them and calls _finish. kernels/gemv.py's _finish does the same for one row."""
+    if SPLIT_K > 1:
+        pid_n = tl.program_id(0)
+        tile = offs_m[:, None] * N + offs_n[None, :]
+        ok = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        tl.store(ws_ptr + pid_k * M * N + tile, acc, mask=ok)
+        tl.debug_barrier()                           # every thread's partials are written ...
+        done = tl.atomic_add(cnt_ptr + pid_n, 1)     # ... before the count (acq_rel, GPU scope)
+        if done == SPLIT_K - 1:
+            total = tl.zeros_like(acc)
+            for s in tl.static_range(SPLIT_K):       # .cg: read L2, not a stale L1 line
+                total += tl.load(ws_ptr + s * M * N + tile, mask=ok, other=0.0,
+                                 cache_modifier=".cg")
+            _finish(total, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)       # ready for the next call
+    else:
+        _finish(acc, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
+
+
 # ---- int8 weights ------------------------------------------------------------------------------
 @triton.jit
 def _w8a16_fma_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K,
@@ -206,25 +236,30 @@ def _w8a16_fma_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K,
 
 
 @triton.jit
-def _w8a16_dot_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K,
+def _w8a16_dot_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                       sxm, sxk, sqn, sqk, ss, sb, sym, syn,
                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
-    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+                      BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr,
+                      SPLIT_K: tl.constexpr):
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok, m_ok = offs_n < N, offs_m < M
+    k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K           # this program's K range
+    k_lo = pid_k * k_per
+    k_hi = tl.minimum(k_lo + k_per, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
+        k_ok = k < k_hi
         xt = tl.load(x_ptr + offs_m[:, None] * sxm + k[None, :] * sxk,
                      mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
         q = tl.load(q_ptr + k[:, None] * sqk + offs_n[None, :] * sqn,      # [BLOCK_K, BLOCK_N]
                     mask=k_ok[:, None] & n_ok[None, :], other=0)
         acc += _dot(xt, _int8_to_f32(q), DOT_DTYPE, DOT_IEEE)  # int8 values are exact in 16 bit
     s = tl.load(s_ptr + offs_n * ss, mask=n_ok, other=0.0).to(tl.float32)
-    _finish(acc * s[None, :], b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
+    _finish_split(acc * s[None, :], ws_ptr, cnt_ptr, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n,
+                  M, N, pid_k, HAS_BIAS, SPLIT_K)
 
 
 # ---- int4 weights, group-wise scales and zeros ------------------------------------------------
@@ -267,17 +302,21 @@ def _w4a16_fma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K,
 
 
 @triton.jit
-def _w4a16_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K,
+def _w4a16_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
                       sxm, sxk, sqn, sqk, ssn, ssg, szn, szg, sb, sym, syn,
                       HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+                      BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr,
+                      SPLIT_K: tl.constexpr):
     HALF: tl.constexpr = GROUP // 2
-    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok, m_ok = offs_n < N, offs_m < M
+    g_per = tl.cdiv(K // GROUP, SPLIT_K)                                 # this program's groups
+    g_lo = pid_k * g_per
+    g_hi = tl.minimum(g_lo + g_per, K // GROUP)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for g in range(0, K // GROUP):                                       # one group per step
+    for g in range(g_lo, g_hi):                                          # one group per step
         k = g * GROUP + tl.arange(0, GROUP)
         xt = tl.load(x_ptr + offs_m[:, None] * sxm + k[None, :] * sxk, mask=m_ok[:, None],
                      other=0.0).to(tl.float32)                           # [BLOCK_M, GROUP]
@@ -290,7 +329,8 @@ def _w4a16_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K,
         z = tl.load(z_ptr + offs_n * szn + g * szg, mask=n_ok, other=0.0).to(tl.float32)
         xsum = tl.sum(xt, axis=1)                                        # [BLOCK_M]
         acc += s[None, :] * (qx - xsum[:, None] * z[None, :])
-    _finish(acc, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
+    _finish_split(acc, ws_ptr, cnt_ptr, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, pid_k,
+                  HAS_BIAS, SPLIT_K)
 
 
 # ---- launchers ---------------------------------------------------------------------------------
@@ -309,6 +349,16 @@ def _dot_args(x: torch.Tensor) -> dict:
     return {"DOT_DTYPE": tl.float32 if ieee else _TL_DTYPE[x.dtype], "DOT_IEEE": ieee}
 
 
+def _grid(cfg: Config, M: int, N: int, out: torch.Tensor):
+    """(grid, workspace, counters) of the M >= 2 kernels; split-K needs M <= block_m."""
+    if cfg.split_k > 1 and M > cfg.block_m:
+        raise ValueError(f"split-K on the dot path takes at most block_m = {cfg.block_m} rows, "
+                         f"got M = {M}")
+    grid = (cdiv(N, cfg.block_n), cdiv(M, cfg.block_m), cfg.split_k)
+    ws, cnt = _workspace(out, cfg.split_k, M * N, grid[0])
+    return grid, ws, cnt
+
+
 def _launch_w8(x2, qweight, scales, bias, out, config: Config | None = None) -> None:
     """out[M, N] = x2[M, K] @ dequant(qweight).T (+ bias); arguments already checked."""
     M, K = x2.shape
@@ -320,17 +370,17 @@ def _launch_w8(x2, qweight, scales, bias, out, config: Config | None = None) -> 
     if cfg.gemv and M == 1:
         return gemv_launch_w8(x2[0], qweight, scales, bias, out[0], cfg.block_n, cfg.block_k,
                               cfg.split_k, cfg.num_warps, cfg.num_stages)
-    grid = (cdiv(N, cfg.block_n), cdiv(M, cfg.block_m))
+    grid, ws, cnt = _grid(cfg, M, N, out)
     b = bias if bias is not None else scales  # any valid pointer; unused without HAS_BIAS
-    args = (x2, qweight, scales, b, out, M, N, K, x2.stride(0), x2.stride(1),
+    args = (x2, qweight, scales, b, out, ws, cnt, M, N, K, x2.stride(0), x2.stride(1),
             qweight.stride(0), qweight.stride(1), scales.stride(0), b.stride(0),
             out.stride(0), out.stride(1))
     meta = dict(HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.use_dot:
-        _w8a16_dot_kernel[grid](*args, **meta, **_dot_args(x2))
+        _w8a16_dot_kernel[grid](*args, **meta, **_dot_args(x2), SPLIT_K=cfg.split_k)
     else:
-        _w8a16_fma_kernel[grid](*args, **meta)
+        _w8a16_fma_kernel[grid](*(args[:5] + args[7:]), **meta)
 
 
 def _launch_w4(x2, qweight, scales, zeros, group_size, bias, out,
@@ -345,18 +395,19 @@ def _launch_w4(x2, qweight, scales, zeros, group_size, bias, out,
     if cfg.gemv and M == 1:
         return gemv_launch_w4(x2[0], qweight, scales, zeros, group_size, bias, out[0],
                               cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps,
-                              cfg.num_stages)
-    grid = (cdiv(N, cfg.block_n), cdiv(M, cfg.block_m))
+                              cfg.num_stages, halves=cfg.halves)
+    grid, ws, cnt = _grid(cfg, M, N, out)
     b = bias if bias is not None else scales[:, 0]
-    args = (x2, qweight, scales, zeros, b, out, M, N, K, x2.stride(0), x2.stride(1),
+    args = (x2, qweight, scales, zeros, b, out, ws, cnt, M, N, K, x2.stride(0), x2.stride(1),
             qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
             zeros.stride(0), zeros.stride(1), b.stride(0), out.stride(0), out.stride(1))
     meta = dict(HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.use_dot:
-        _w4a16_dot_kernel[grid](*args, **meta, **_dot_args(x2))
+        _w4a16_dot_kernel[grid](*args, **meta, **_dot_args(x2), SPLIT_K=cfg.split_k)
     else:
-        _w4a16_fma_kernel[grid](*args, **meta, GROUPS_PER_STEP=cfg.block_k // group_size)
+        _w4a16_fma_kernel[grid](*(args[:6] + args[8:]), **meta,
+                                GROUPS_PER_STEP=cfg.block_k // group_size)
 
 
 # ---- public API: same signatures as the references ---------------------------------------------

@@ -61,9 +61,9 @@ def _int8_to_f32(q, FAST_CVT: tl.constexpr):
 
 
 @triton.jit
-def _int4_pairs_to_f32(b, FAST_CVT: tl.constexpr):
-    """uint8 bytes [..., J] -> float32 codes [..., J, 2]: [..., j, 0] = low nibble (k = 2j),
-    [..., j, 1] = high nibble (k = 2j + 1), exactly."""
+def _int4_halves_to_f32(b, FAST_CVT: tl.constexpr):
+    """uint8 bytes [...] -> (low nibbles, high nibbles) as float32 codes [...], exactly: the
+    codes of k = 2j and k = 2j + 1, in the bytes' own layout (no join, no reshape)."""
     if FAST_CVT:
         lo, hi = tl.inline_asm_elementwise(
             asm="""{
@@ -83,11 +83,19 @@ def _int4_pairs_to_f32(b, FAST_CVT: tl.constexpr):
             }""",
             constraints="=r,=r,=r,=r,=r,=r,=r,=r,r", args=[b],
             dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
-        return tl.join(lo, hi) - 8388608.0
+        return lo - 8388608.0, hi - 8388608.0
     else:
         bi = b.to(tl.int32)
-        return (tl.join(bi & 0xF, bi >> 4) | 0x4B000000).to(tl.float32, bitcast=True) \
-            - 8388608.0
+        return ((bi & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0, \
+            ((bi >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _int4_pairs_to_f32(b, FAST_CVT: tl.constexpr):
+    """uint8 bytes [..., J] -> float32 codes [..., J, 2]: [..., j, 0] = low nibble (k = 2j),
+    [..., j, 1] = high nibble (k = 2j + 1), exactly."""
+    lo, hi = _int4_halves_to_f32(b, FAST_CVT)
+    return tl.join(lo, hi)
 
 
 # ---- the end of every kernel: one program's partial sums -> y --------------------------------
@@ -156,7 +164,7 @@ def _gemv_w4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N
                     sxk, sqn, sqk, ssn, ssg, szn, szg, sb, syn,
                     HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
                     GROUPS_PER_STEP: tl.constexpr, SPLIT_K: tl.constexpr,
-                    FAST_CVT: tl.constexpr):
+                    FAST_CVT: tl.constexpr, HALVES: tl.constexpr):
     """Packed int4, GROUPS_PER_STEP groups per step as a [BLOCK_N, groups, GROUP] tile; within
     a group sum_k x (q - z) s = s (sum_k x q - z sum_k x), so scale and zero act once per
     group. Split-K cuts the groups into SPLIT_K ranges."""
@@ -176,16 +184,26 @@ def _gemv_w4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N
         byte = grp[None, :, None] * HALF + tl.arange(0, HALF)[None, None, :]
         b = tl.load(q_ptr + offs_n[:, None, None] * sqn + byte * sqk,
                     mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
-        codes = tl.reshape(_int4_pairs_to_f32(b, FAST_CVT), (BLOCK_N, GROUPS_PER_STEP, GROUP))
         sz_ok = n_ok[:, None] & g_ok[None, :]
         s = tl.load(s_ptr + offs_n[:, None] * ssn + grp[None, :] * ssg, mask=sz_ok,
                     other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n[:, None] * szn + grp[None, :] * szg, mask=sz_ok,
                     other=0.0).to(tl.float32)
-        k = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-        xr = tl.load(x_ptr + k * sxk, mask=g_ok[:, None], other=0.0).to(tl.float32)
-        qx = tl.sum(codes * xr[None, :, :], axis=2)                    # [BLOCK_N, groups]
-        acc += tl.sum(s * (qx - z * tl.sum(xr, axis=1)[None, :]), axis=1)
+        if HALVES:      # low nibbles meet the even inputs, high nibbles the odd ones
+            lo, hi = _int4_halves_to_f32(b, FAST_CVT)                  # [BLOCK_N, groups, HALF]
+            k = grp[:, None] * GROUP + 2 * tl.arange(0, HALF)[None, :]
+            xe = tl.load(x_ptr + k * sxk, mask=g_ok[:, None], other=0.0).to(tl.float32)
+            xo = tl.load(x_ptr + (k + 1) * sxk, mask=g_ok[:, None], other=0.0).to(tl.float32)
+            qx = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)
+            xsum = tl.sum(xe + xo, axis=1)
+        else:           # the codes in k order: [BLOCK_N, groups, GROUP]
+            codes = tl.reshape(_int4_pairs_to_f32(b, FAST_CVT),
+                               (BLOCK_N, GROUPS_PER_STEP, GROUP))
+            k = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+            xr = tl.load(x_ptr + k * sxk, mask=g_ok[:, None], other=0.0).to(tl.float32)
+            qx = tl.sum(codes * xr[None, :, :], axis=2)                # [BLOCK_N, groups]
+            xsum = tl.sum(xr, axis=1)
+        acc += tl.sum(s * (qx - z * xsum[None, :]), axis=1)
     _finish(acc, s_ptr, ssn, b_ptr, sb, y_ptr, syn, ws_ptr, cnt_ptr, offs_n, n_ok, N, pid_n,
             pid_k, False, HAS_BIAS, SPLIT_K)
 
@@ -241,7 +259,7 @@ def gemv_launch_w8(x1, qweight, scales, bias, y1, block_n=8, block_k=1024, split
 
 
 def gemv_launch_w4(x1, qweight, scales, zeros, group_size, bias, y1, block_n=16, block_k=1024,
-                   split_k=1, num_warps=8, num_stages=3, fast_cvt=True):
+                   split_k=1, num_warps=8, num_stages=3, fast_cvt=True, halves=False):
     """y1[N] = dequant(qweight, scales, zeros)[N, K] @ x1[K] (+ bias), packed int4."""
     N = qweight.shape[0]
     K = 2 * qweight.shape[1]
@@ -253,7 +271,7 @@ def gemv_launch_w4(x1, qweight, scales, zeros, group_size, bias, y1, block_n=16,
         zeros.stride(1), b.stride(0), y1.stride(0),
         HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_N=block_n,
         GROUPS_PER_STEP=block_k // group_size, SPLIT_K=split_k, FAST_CVT=_fast(fast_cvt),
-        num_warps=num_warps, num_stages=num_stages)
+        HALVES=halves, num_warps=num_warps, num_stages=num_stages)
 
 
 # ---- as a torch operator: what torch.compile and CUDA graphs see -----------------------------

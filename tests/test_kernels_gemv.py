@@ -38,8 +38,11 @@ def test_every_split_and_tile_matches_the_reference(N, K):
         y = torch.empty(N, dtype=torch.bfloat16, device=DEV)
         gemv.gemv_launch_w8(x[0], q8, s8, b, y, block_n=bn, block_k=bk, split_k=split)
         assert rel_err(y, w8a16_matmul_ref(x, q8, s8, b)[0]) < 1e-2, ("w8", split, bn, bk)
-        gemv.gemv_launch_w4(x[0], q4, s4, z4, 64, b, y, block_n=bn, block_k=bk, split_k=split)
-        assert rel_err(y, w4a16_matmul_ref(x, q4, s4, z4, 64, b)[0]) < 1e-2, ("w4", split, bn)
+        for halves in (False, True):
+            gemv.gemv_launch_w4(x[0], q4, s4, z4, 64, b, y, block_n=bn, block_k=bk,
+                                split_k=split, halves=halves)
+            want = w4a16_matmul_ref(x, q4, s4, z4, 64, b)[0]
+            assert rel_err(y, want) < 1e-2, ("w4", split, bn, halves)
         gemv.gemv_launch_float(x[0], wb, b, y, block_n=bn, block_k=bk, split_k=split)
         want = (x.float() @ wb.float().T)[0] + (0 if b is None else b.float())
         assert rel_err(y, want) < 1e-2, ("float", split, bn, bk)
@@ -87,3 +90,31 @@ def test_gemv_float_is_one_operator_for_torch_compile():
     assert rel_err(torch.compile(lambda x, w: gemv.gemv_float(x, w) * 2)(x, w), 2 * want) < 1e-2
     with pytest.raises(ValueError, match=r"x \[1, K\] and w \[N, K\]"):
         gemv.gemv_float(x[0], w)
+
+
+@pytest.mark.parametrize("M", [2, 5, 16])
+def test_split_k_on_the_dot_path(M):
+    """M = 2..16 on the tensor-core path with K cut into 1..4 ranges (K ragged against the
+    split), bias or not: the reference's result, and the counters are back at zero."""
+    g = torch.Generator().manual_seed(M)
+    N, K = 40, 448
+    w = torch.randn(N, K, generator=g)
+    x = torch.randn(M, K, generator=g).bfloat16().to(DEV)
+    bias = torch.randn(N, generator=g).bfloat16().to(DEV)
+    q8, s8 = (t.to(DEV) for t in quantize_w8(w))
+    q4, s4, z4 = (t.to(DEV) for t in quantize_w4(w, 64))
+    y = torch.empty(M, N, dtype=torch.bfloat16, device=DEV)
+    for split, b in itertools.product((1, 3, 4), (None, bias)):
+        dm._launch_w8(x, q8, s8, b, y, dm.Config(True, 16, 16, 64, split_k=split))
+        assert rel_err(y, w8a16_matmul_ref(x, q8, s8, b)) < 1e-2, ("w8", split)
+        dm._launch_w4(x, q4, s4, z4, 64, b, y, dm.Config(True, 16, 16, 64, split_k=split))
+        assert rel_err(y, w4a16_matmul_ref(x, q4, s4, z4, 64, b)) < 1e-2, ("w4", split)
+    assert int(gemv._WORK[(x.device.type, x.device.index)][1].abs().sum()) == 0
+    with pytest.raises(ValueError, match="at most block_m = 16 rows"):
+        dm._launch_w8(torch.zeros(17, K, dtype=torch.bfloat16, device=DEV), q8, s8, None,
+                      torch.empty(17, N, dtype=torch.bfloat16, device=DEV),
+                      dm.Config(True, 16, 16, 64, split_k=2))
+    with pytest.raises(ValueError, match="split_k > 1 is for the gemv and dot paths"):
+        dm._check_config(dm.Config(False, 4, 16, 256, split_k=2), "w8", None)
+    with pytest.raises(ValueError, match="halves is an option of the int4 gemv kernel"):
+        dm._check_config(dm.Config(True, 16, 16, 64, halves=True), "w4", 64)
