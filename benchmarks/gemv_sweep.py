@@ -6,11 +6,11 @@ against cuBLAS bf16 and the M >= 1 kernels of kernels/dequant_matmul.py, in one 
 1. The byte-permute conversions (FAST_CVT, inline PTX) are checked against the torch references
    first; a configuration that fails its check is reported and never timed.
 2. Square weights (--sizes, N = K): cuBLAS bf16 `x @ W.T`, `w8a16_matmul` / `w4a16_matmul` as
-   they are, and every split-K configuration of the int8 and int4 GEMV kernels; speed-up =
-   cuBLAS time / kernel time.
-3. Float weights: the bf16 GEMV kernel's configurations against cuBLAS on the matrices of the
-   1b and 7b decoders of benchmarks/gpu_decode.py (q/k/v merged, o, gate/up merged, down, LM
-   head).
+   they are, and every split-K configuration of the int8 and int4 GEMV kernels (--kinds), each
+   with and without prefetch; speed-up = cuBLAS time / kernel time.
+3. Float weights: the bf16 GEMV kernel's configurations (with and without prefetch) against
+   cuBLAS on the matrices of the 1b and 7b decoders of benchmarks/gpu_decode.py (q/k/v merged,
+   o, gate/up merged, down, LM head; --float-models).
 Timing: minillm.gpu_timer.Timer (L2 flushed before each call, interleaved, median).
 """
 from __future__ import annotations
@@ -44,8 +44,7 @@ def configs(kind: str):
     fast = {} if kind == "float" else {"fast_cvt": True}
     out = [dict(block_n=bn, block_k=bk, num_warps=w, split_k=s, **fast)
            for bn, bk, w in tiles(kind) for s in (1, 2, 4)]
-    if kind == "w4":       # the nibbles kept apart, each half against its own inputs
-        out += [dict(c, halves=True) for c in out]
+    out += [dict(c, prefetch=True) for c in out]    # the next step's loads in flight
     if kind != "float":    # the portable conversion, on the kernel's default tile
         bn, bk, w = (8, 1024, 4) if kind == "w8" else (16, 1024, 8)
         out += [dict(block_n=bn, block_k=bk, num_warps=w, split_k=s, fast_cvt=False)
@@ -55,7 +54,7 @@ def configs(kind: str):
 
 def name(cfg: dict) -> str:
     return (f"bn{cfg['block_n']}_bk{cfg['block_k']}_w{cfg['num_warps']}_s{cfg['split_k']}"
-            + ("_fast" if cfg.get("fast_cvt") else "") + ("_halves" if cfg.get("halves") else ""))
+            + ("_fast" if cfg.get("fast_cvt") else "") + ("_prefetch" if cfg.get("prefetch") else ""))
 
 
 def time_configs(kind, launch, want, baselines: dict, timer, repeats, label, log):

@@ -15,11 +15,13 @@ bf16 weights = 2 bytes each, int8 = 1, int4 = 0.5 (+ group scales), so up to 2x 
 
 Kernel design (one program = one BLOCK_N slice of output features, looping over all of K):
 
-* Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)). Decode has M <= 16, so the N axis must provide the
-  parallelism: BLOCK_N = 8 gives 512 programs for N = 4096, about four per H100 SM. M = 1 goes
-  to kernels/gemv.py (`pick_config` says so with `gemv=True`): the same FMA path for one row,
-  with codes converted by byte permutes on a GPU and optional split-K (one launch: the last
-  program of a row block adds the partial sums).
+* Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). Decode has M <= 16, so the N axis must
+  provide the parallelism: BLOCK_N = 8 gives 512 programs for N = 4096, about four per H100 SM.
+  M = 1 goes to kernels/gemv.py (`pick_config` says so with `gemv=True`): the same FMA path for
+  one row, with codes read as int32 words and converted by byte permutes on a GPU, optional
+  split-K and prefetch. M = 2..16 on the dot path splits K too (one launch: the last program
+  of a column block adds the partial sums, `_finish_split`): with [64, 128] tiles N = 4096
+  alone gives only 64 programs.
 * Every weight byte is loaded once and dequantized in registers; all M rows of x are applied to
   it before the next tile is loaded (x is tiny and stays in L1/L2).
 * M = 1 (with a config without `gemv`, as the sweeps of benchmarks/dequant_matmul.py try): the
@@ -64,7 +66,7 @@ import triton
 import triton.language as tl
 
 from .dequant_ref import check_w4a16_args, check_w8a16_args
-from .gemv import _workspace, gemv_launch_w4, gemv_launch_w8
+from .gemv import _workspace, gemv_launch_w4, gemv_launch_w8, words_ok
 from .interpret import INTERPRET
 from .intmath import cdiv, next_power_of_2
 
@@ -85,7 +87,7 @@ class Config:
     num_stages: int = 3
     gemv: bool = False      # M = 1 only: the split-K GEMV kernels of kernels/gemv.py
     split_k: int = 1        # (gemv, dot) programs per tile of y, each over 1/split_k of K
-    halves: bool = False    # (gemv, int4) low and high nibbles kept apart: no join/reshape
+    prefetch: bool = False  # (gemv) the next step's loads issued before this step's arithmetic
 
 
 def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None) -> Config:
@@ -94,30 +96,37 @@ def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None
     in benchmarks/RESULTS.md).
 
     M = 1 (a matrix-vector product, the decode case): the GEMV kernels of kernels/gemv.py,
-    which convert codes with byte permutes on a GPU. w8: [8, 1024] int8 tiles with 4 warps;
-    w4: [8, 1024] codes with 4 warps, and for N >= 8192 [32, 256] tiles with the groups split
-    four ways (split-K), the best of `python benchmarks/gemv_sweep.py` on an H200.
+    which convert codes with byte permutes on a GPU. w8: [8, 1024] int8 tiles with 4 warps
+    ([8, 512] for N >= 8192); w4: [8, 1024] codes with 4 warps, and for N >= 8192 [32, 256]
+    tiles with the groups split four ways (split-K), each loading its next tile before it
+    computes (prefetch): the best of `python benchmarks/gemv_sweep.py` on an H200.
     M >= 2: the tensor-core path, 16 rows of x (64 for prefill-sized M): the FMA path's
-    CUDA-core work grows with M, while the padded rows of the dot cost no memory traffic. int4
-    groups under 32 codes always take the FMA path (tl.dot needs K tiles >= 16)."""
+    CUDA-core work grows with M, while the padded rows of the dot cost no memory traffic. Up to
+    M = 16 with split-K (one launch, as in the GEMV): N = 4096 alone gives only 64 column
+    blocks of 64, too few programs to keep the memory busy. int4 groups under 32 codes always
+    take the FMA path (tl.dot needs K tiles >= 16)."""
     if kind not in ("w8", "w4"):
         raise ValueError(f"kind must be 'w8' or 'w4', got {kind!r}")
     small_group = kind == "w4" and group_size is not None and group_size < 32
     if M == 1:
         if kind == "w8":
-            return Config(False, 1, 8, 1024, num_warps=4, num_stages=3, gemv=True)
+            return Config(False, 1, 8, 512 if N >= 8192 else 1024, num_warps=4, num_stages=3,
+                          gemv=True)
         g = group_size or 0
         if N >= 8192 and g <= 256:
             return Config(False, 1, 32, max(256, g), num_warps=4, num_stages=3, gemv=True,
-                          split_k=4)
-        return Config(False, 1, 8, max(1024, g), num_warps=4, num_stages=3, gemv=True)
+                          split_k=4, prefetch=True)
+        return Config(False, 1, 8, max(1024, g), num_warps=4, num_stages=3, gemv=True,
+                      prefetch=True)
     if small_group:
         return Config(False, min(next_power_of_2(M), 4), 16, 256)
     if M > 16:
         return Config(True, 64, 64, 64 if kind == "w8" else group_size)
-    if kind == "w8":
-        return Config(True, 16, 32, 64, num_stages=4)
-    return Config(True, 16, 32, group_size, num_stages=3)
+    # M = 2..16: one row block of 16, [64, 128] weight tiles (int4: [64, group]), K split four
+    # ways where each part still has 4 tiles (the sweeps' best on an H100 and an H200 within 5 %)
+    block_k = 128 if kind == "w8" else group_size
+    split = max(1, min(4, K // (4 * block_k)))
+    return Config(True, 16, 64, block_k, num_stages=4 if kind == "w8" else 3, split_k=split)
 
 
 def _check_config(cfg: Config, kind: str, group_size: int | None) -> None:
@@ -129,8 +138,8 @@ def _check_config(cfg: Config, kind: str, group_size: int | None) -> None:
         raise ValueError(f"a gemv config is for M = 1 on the FMA path, split_k >= 1: {cfg}")
     if cfg.split_k < 1 or (cfg.split_k > 1 and not (cfg.gemv or cfg.use_dot)):
         raise ValueError(f"split_k > 1 is for the gemv and dot paths, split_k >= 1: {cfg}")
-    if cfg.halves and not (cfg.gemv and kind == "w4"):
-        raise ValueError(f"halves is an option of the int4 gemv kernel: {cfg}")
+    if cfg.prefetch and not cfg.gemv:
+        raise ValueError(f"prefetch is an option of the gemv kernels: {cfg}")
     if cfg.use_dot and min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
         raise ValueError(f"tl.dot needs blocks >= 16, got {cfg}")
     if kind == "w4":
@@ -367,9 +376,11 @@ def _launch_w8(x2, qweight, scales, bias, out, config: Config | None = None) -> 
         return
     cfg = config or pick_config("w8", M, N, K)
     _check_config(cfg, "w8", None)
+    if cfg.gemv and not words_ok(qweight):      # a view the GEMV cannot read as words
+        cfg = pick_config("w8", 2, N, K)
     if cfg.gemv and M == 1:
         return gemv_launch_w8(x2[0], qweight, scales, bias, out[0], cfg.block_n, cfg.block_k,
-                              cfg.split_k, cfg.num_warps, cfg.num_stages)
+                              cfg.split_k, cfg.num_warps, cfg.num_stages, prefetch=cfg.prefetch)
     grid, ws, cnt = _grid(cfg, M, N, out)
     b = bias if bias is not None else scales  # any valid pointer; unused without HAS_BIAS
     args = (x2, qweight, scales, b, out, ws, cnt, M, N, K, x2.stride(0), x2.stride(1),
@@ -392,10 +403,12 @@ def _launch_w4(x2, qweight, scales, zeros, group_size, bias, out,
         return
     cfg = config or pick_config("w4", M, N, K, group_size)
     _check_config(cfg, "w4", group_size)
+    if cfg.gemv and (group_size % 8 or not words_ok(qweight)):   # not whole int32 words
+        cfg = pick_config("w4", 2, N, K, group_size)
     if cfg.gemv and M == 1:
         return gemv_launch_w4(x2[0], qweight, scales, zeros, group_size, bias, out[0],
                               cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps,
-                              cfg.num_stages, halves=cfg.halves)
+                              cfg.num_stages, prefetch=cfg.prefetch)
     grid, ws, cnt = _grid(cfg, M, N, out)
     b = bias if bias is not None else scales[:, 0]
     args = (x2, qweight, scales, zeros, b, out, ws, cnt, M, N, K, x2.stride(0), x2.stride(1),

@@ -36,14 +36,15 @@ def test_every_split_and_tile_matches_the_reference(N, K):
     wb = w.bfloat16().to(DEV)
     for split, bn, bk, b in itertools.product((1, 2, 4), (8, 16), (128, 256), (None, bias)):
         y = torch.empty(N, dtype=torch.bfloat16, device=DEV)
-        gemv.gemv_launch_w8(x[0], q8, s8, b, y, block_n=bn, block_k=bk, split_k=split)
+        pf = bn == 16            # the prefetching loop on half of the tiles
+        gemv.gemv_launch_w8(x[0], q8, s8, b, y, block_n=bn, block_k=bk, split_k=split,
+                            prefetch=pf)
         assert rel_err(y, w8a16_matmul_ref(x, q8, s8, b)[0]) < 1e-2, ("w8", split, bn, bk)
-        for halves in (False, True):
-            gemv.gemv_launch_w4(x[0], q4, s4, z4, 64, b, y, block_n=bn, block_k=bk,
-                                split_k=split, halves=halves)
-            want = w4a16_matmul_ref(x, q4, s4, z4, 64, b)[0]
-            assert rel_err(y, want) < 1e-2, ("w4", split, bn, halves)
-        gemv.gemv_launch_float(x[0], wb, b, y, block_n=bn, block_k=bk, split_k=split)
+        gemv.gemv_launch_w4(x[0], q4, s4, z4, 64, b, y, block_n=bn, block_k=bk, split_k=split,
+                            prefetch=pf)
+        assert rel_err(y, w4a16_matmul_ref(x, q4, s4, z4, 64, b)[0]) < 1e-2, ("w4", split, bn)
+        gemv.gemv_launch_float(x[0], wb, b, y, block_n=bn, block_k=bk, split_k=split,
+                               prefetch=pf)
         want = (x.float() @ wb.float().T)[0] + (0 if b is None else b.float())
         assert rel_err(y, want) < 1e-2, ("float", split, bn, bk)
     # the last program of each row block put its counter back to zero: the next call works
@@ -59,9 +60,10 @@ def test_split_k_over_a_ragged_k_and_a_strided_x():
     x1 = big[:, 1]
     q8, s8 = (t.to(DEV) for t in quantize_w8(w))
     y = torch.empty(N, dtype=torch.bfloat16, device=DEV)
-    for split in (1, 3, 4):
-        gemv.gemv_launch_w8(x1, q8, s8, None, y, block_n=8, block_k=64, split_k=split)
-        assert rel_err(y, w8a16_matmul_ref(x1[None], q8, s8)[0]) < 1e-2, split
+    for split, pf in itertools.product((1, 3, 4), (False, True)):
+        gemv.gemv_launch_w8(x1, q8, s8, None, y, block_n=8, block_k=64, split_k=split,
+                            prefetch=pf)
+        assert rel_err(y, w8a16_matmul_ref(x1[None], q8, s8)[0]) < 1e-2, (split, pf)
 
 
 def test_the_m1_path_of_the_fused_kernels_is_the_gemv():
@@ -116,5 +118,45 @@ def test_split_k_on_the_dot_path(M):
                       dm.Config(True, 16, 16, 64, split_k=2))
     with pytest.raises(ValueError, match="split_k > 1 is for the gemv and dot paths"):
         dm._check_config(dm.Config(False, 4, 16, 256, split_k=2), "w8", None)
-    with pytest.raises(ValueError, match="halves is an option of the int4 gemv kernel"):
-        dm._check_config(dm.Config(True, 16, 16, 64, halves=True), "w4", 64)
+    with pytest.raises(ValueError, match="prefetch is an option of the gemv kernels"):
+        dm._check_config(dm.Config(True, 16, 16, 64, prefetch=True), "w4", 64)
+
+
+def spaced(t: torch.Tensor) -> torch.Tensor:
+    """The same values as a view with column stride 2 (every other byte of a buffer)."""
+    buf = torch.zeros(t.shape[0], 2 * t.shape[1], dtype=t.dtype, device=t.device)
+    buf[:, ::2] = t
+    return buf[:, ::2]
+
+
+def test_codes_that_are_not_whole_words_take_the_general_path():
+    """The batch-1 kernels read codes as int32 words; a view they cannot read that way (column
+    stride 2, a row start off a word) is refused by the launcher with the reason, and
+    w8a16_matmul / w4a16_matmul send it to the M >= 2 kernels instead: same result."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(16, 132, generator=g)
+    q8, s8 = (t.to(DEV) for t in quantize_w8(w))
+    assert gemv.words_ok(q8[:, :128]) and not gemv.words_ok(q8[:, 1:129])
+    x = torch.randn(1, 128, generator=g).bfloat16().to(DEV)
+    y = torch.empty(16, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="read codes as int32 words"):
+        gemv.gemv_launch_w8(x[0], q8[:, 1:129], s8, None, y)
+    for view in (q8[:, 1:129], spaced(q8[:, :128])):
+        want = w8a16_matmul_ref(x, view.contiguous(), s8)
+        assert rel_err(w8a16_matmul(x, view, s8), want) < 1e-2
+    q4, s4, z4 = (t.to(DEV) for t in quantize_w4(w[:, :128], 32))
+    with pytest.raises(ValueError, match="read codes as int32 words"):
+        gemv.gemv_launch_w4(x[0], spaced(q4), s4, z4, 32, None, y)
+    assert rel_err(w4a16_matmul(x, spaced(q4), s4, z4, 32),
+                   w4a16_matmul_ref(x, q4, s4, z4, 32)) < 1e-2
+
+
+def test_the_m2_to_16_path_splits_k():
+    """pick_config: M = 2..16 cut K four ways where each part keeps four tiles; small layers
+    (the shipped model's) are not split, and M > 16 never."""
+    assert dm.pick_config("w8", 2, 4096, 4096).split_k == 4
+    assert dm.pick_config("w8", 16, 8192, 8192).split_k == 4
+    assert dm.pick_config("w4", 2, 4096, 4096, 128).split_k == 4
+    assert dm.pick_config("w8", 2, 1536, 1536).split_k == 3
+    assert dm.pick_config("w8", 2, 1536, 384).split_k == 1
+    assert dm.pick_config("w8", 17, 4096, 4096).split_k == 1

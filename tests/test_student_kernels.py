@@ -207,7 +207,7 @@ def test_what_is_not_the_students_triton_is_refused(solution):
         tri.check_w8a16_gemv(dm._w8a16_fma_kernel)
     import kernels.gemv as gv  # the batch-1 kernels the fused ones call at M = 1
     with pytest.raises(AssertionError, match="course's kernel"):
-        tri.check_w8a16_gemv(gv._gemv_rows_kernel)
+        tri.check_w8a16_gemv(gv._gemv_w8_kernel)
     with pytest.raises(AssertionError, match="must be a @triton.jit kernel"):
         tri.check_matvec(solution.matvec_kernel.fn)
 

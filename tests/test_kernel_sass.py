@@ -1,0 +1,28 @@
+"""The batch-1 kernels compile for an H100/H200 (sm_90) on this machine, with the byte-permute
+conversions (inline PTX) that the CPU interpreter never runs: benchmarks/kernel_sass.py drives
+Triton's compiler, ptxas and nvdisasm, all in the Triton wheel, and reads the main loop."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_gemv_kernels_compile_for_sm90_and_their_loop_is_read():
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "kernel_sass.py"), "--json", "--prefetch", "on",
+         "--tiles", "8x512x4,32x256x4,8x1024x4"], capture_output=True, text=True, timeout=600,
+        cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout)["rows"]
+    assert {(r["kind"], r["block_n"], r["block_k"]) for r in rows} == {
+        ("w8", 8, 512), ("w8", 8, 1024), ("w4", 8, 1024), ("w4", 32, 256), ("float", 8, 512)}
+    for r in rows:
+        # a step loads its tile (128-bit loads, so a handful per thread) and spends a few
+        # instructions per weight: convert, multiply-add, some address arithmetic
+        assert 1 <= r["LDG"] <= 16, r
+        assert 2 <= r["loop_per_weight"] <= 12, r
+        assert 16 <= r["regs"] <= 255, r
+    w8 = {r["block_k"]: r for r in rows if r["kind"] == "w8"}
+    assert w8[1024]["ops"].get("PRMT", 0) >= 64      # one byte permute per int8 code at least
