@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -120,21 +121,22 @@ def main(argv=None) -> int:
     want = None
     if args.tiles:
         want = {tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")}
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"kernel_sass_{os.getpid()}"
-    tmp.mkdir(parents=True, exist_ok=True)
     rows = []
-    for kind in args.kinds.split(","):
-        if kind not in TILES:
-            raise SystemExit(f"unknown kind {kind!r}: w8, w4 or float")
-        for bn, bk, warps in TILES[kind]:
-            if want and (bn, bk, warps) not in want:
-                continue
-            for prefetch in {"off": [False], "on": [True], "both": [False, True]}[args.prefetch]:
-                fig = sass_figures(compile_for(kind, bn, bk, warps, prefetch, args.arch), tmp)
-                per_thread = bn * bk / (32 * warps)
-                rows.append({"kind": kind, "block_n": bn, "block_k": bk, "warps": warps,
-                             "prefetch": prefetch, "weights_per_thread": per_thread,
-                             "loop_per_weight": round(fig["loop"] / per_thread, 2), **fig})
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.kinds.split(","):
+            if kind not in TILES:
+                raise SystemExit(f"unknown kind {kind!r}: w8, w4 or float")
+            for bn, bk, warps in TILES[kind]:
+                if want and (bn, bk, warps) not in want:
+                    continue
+                for prefetch in {"off": [False], "on": [True],
+                                 "both": [False, True]}[args.prefetch]:
+                    fig = sass_figures(compile_for(kind, bn, bk, warps, prefetch, args.arch),
+                                       Path(tmp))
+                    per_thread = bn * bk / (32 * warps)
+                    rows.append({"kind": kind, "block_n": bn, "block_k": bk, "warps": warps,
+                                 "prefetch": prefetch, "weights_per_thread": per_thread,
+                                 "loop_per_weight": round(fig["loop"] / per_thread, 2), **fig})
     if args.json:
         print(json.dumps({"triton": triton.__version__, "arch": args.arch, "rows": rows},
                          indent=1))

@@ -10,16 +10,14 @@ minutes on 2 cores; benchmarks/RESULTS.md has a recorded run.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import matplotlib
 import pytest
 import torch
+from cpu_load import competing_cpu_load
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = 3                    # x 4 labs: about 4 minutes of one worker in `make test`
@@ -31,19 +29,6 @@ THROUGHPUT_GROWTH = (6.0, 11.0)    # tokens/s at B = 64 over B = 1 ("roughly 8x"
 CACHED_STEP_OUTLIER = 2.0          # the trace's slowest cached step / their median, at most
 SPEEDUP_480 = (9.0, 16.0)          # predicted naive / cached for P = 32, n = 480
 CHECK_AGREEMENT = (0.7, 1.3)       # predicted / measured speed-up of the check generation
-
-
-@contextlib.contextmanager
-def competing_cpu_load():
-    """A subprocess spinning on one core for as long as the block runs (killed by its pid)."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True:\n    pass"])
-    try:
-        time.sleep(0.2)
-        assert proc.poll() is None
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def code_cells(lab: str) -> list[tuple[str, str]]:
@@ -198,7 +183,7 @@ def test_lab05_measurements_hold_with_a_busy_core(lab05_namespace):
 # --- lab 00 ---------------------------------------------------------------------------------------
 # The ranges lab 00's text states (00_md_measure, 00_md_total, 00_q1).
 FIXED_IN_TOKENS_00 = (10, 99)      # "a is worth tens of tokens of b"
-TOTAL_VS_PREDICTED = (0.8, 1.2)    # the naive generation's total against sum TTFT(P + t)
+TOTAL_VS_PREDICTED = (0.7, 1.3)    # the naive generation's total against sum TTFT(P + t): "30 %"
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from cpu_load import competing_cpu_load
 
 from autograder.labs import lab_modules, speed_checks
 
@@ -24,19 +25,6 @@ RUNS = 10
 LOADED_RUNS = 4
 CHECKS = speed_checks()
 pytestmark = pytest.mark.slow
-
-
-@contextlib.contextmanager
-def competing_cpu_load():
-    """A subprocess spinning on one core for as long as the block runs."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True:\n    pass"])
-    try:
-        time.sleep(0.2)                         # let it start spinning
-        assert proc.poll() is None
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def verdicts(check) -> list[tuple[str, bool]]:
