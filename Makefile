@@ -34,7 +34,8 @@ test: lint
 	$(PY) -m pytest $(XDIST)
 
 # The developer loop (under 3 minutes on 2 cores): lint, the layer check, and every test not
-# marked slow (no notebook pipeline, sandbox, tamper suite, browser or repeated speed checks).
+# marked slow (no notebook pipeline, sandbox, tamper suite, browser, slide decks or repeated speed
+# checks).
 check: lint
 	$(PY) -m pytest $(XDIST) -q -m "not slow"
 

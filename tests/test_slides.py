@@ -26,7 +26,7 @@ from slides import figures  # noqa: E402
 DECKS = sb.find_decks()
 # one worker builds the decks (conftest.built_decks) and runs these; the other is not left
 # waiting on the build's lock
-pytestmark = pytest.mark.xdist_group("slides")
+pytestmark = [pytest.mark.xdist_group("slides"), pytest.mark.slow]   # builds every deck: ~90 s
 LABS = sorted(p.parent.name for p in (REPO / "labs").glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb")
               if p.stem == p.parent.name)
 EXTERNAL = re.compile(r"""\b(?:src|href|srcset|action|poster)\s*=\s*["']?\s*(?:https?:)?//"""
