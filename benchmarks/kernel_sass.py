@@ -16,6 +16,9 @@ prints:
             tile's layout), each one stalling all the program's warps
   LDG       global loads per step (128-bit where the tile allows)
 
+--split-k N compiles the split-K finish too (`--json` counts its atomics: the count and the
+reset of the counter).
+
 The figures in benchmarks/RESULTS.md ("Third run") came from this script. The same kernels
 run in Triton's interpreter for the tests; this script needs the compiler, so it turns the
 interpreter off before importing them.
@@ -54,7 +57,8 @@ def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def compile_for(kind: str, block_n: int, block_k: int, warps: int, prefetch: bool, arch: int):
+def compile_for(kind: str, block_n: int, block_k: int, warps: int, prefetch: bool, arch: int,
+                split_k: int = 1):
     from kernels import gemv
     if kind == "float":
         fn, pointers = gemv._gemv_float_kernel, {}
@@ -67,7 +71,7 @@ def compile_for(kind: str, block_n: int, block_k: int, warps: int, prefetch: boo
         fn, pointers = gemv._gemv_w4_kernel, {}
         consts = dict(HAS_BIAS=False, GROUP=GROUP, BLOCK_N=block_n,
                       GROUPS_PER_STEP=block_k // GROUP, FAST_CVT=True, sxk=1, ssg=1, szg=1)
-    consts.update(SPLIT_K=1, PREFETCH=prefetch)
+    consts.update(SPLIT_K=split_k, PREFETCH=prefetch)
     names = list(fn.arg_names)
     types = {**POINTERS, **pointers}
     signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
@@ -106,7 +110,8 @@ def sass_figures(compiled, tmp: Path) -> dict:
     lo, hi = max(loops, key=lambda span: span[1] - span[0])
     ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].split(".")[0]
                   for address, ins in code if lo <= address <= hi)
-    return {"regs": int(re.search(r"REG:(\d+)", usage).group(1)),
+    atomics = sum(1 for _, ins in code if re.search(r"\bATOMG?\b|\bATOMG\.|\bATOM\.|\bRED\b", ins))
+    return {"regs": int(re.search(r"REG:(\d+)", usage).group(1)), "atomics": atomics,
             "loop": sum(ops.values()), "BAR": ops["BAR"], "LDG": ops["LDG"], "ops": dict(ops)}
 
 
@@ -116,6 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 = H100/H200")
     ap.add_argument("--prefetch", choices=("off", "on", "both"), default="both")
     ap.add_argument("--tiles", help="only these tiles, e.g. 8x512x4,32x256x4 (N x K x warps)")
+    ap.add_argument("--split-k", type=int, default=1, help="SPLIT_K (> 1: the atomic finish)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     want = None
@@ -131,8 +137,8 @@ def main(argv=None) -> int:
                     continue
                 for prefetch in {"off": [False], "on": [True],
                                  "both": [False, True]}[args.prefetch]:
-                    fig = sass_figures(compile_for(kind, bn, bk, warps, prefetch, args.arch),
-                                       Path(tmp))
+                    fig = sass_figures(compile_for(kind, bn, bk, warps, prefetch, args.arch,
+                                                   args.split_k), Path(tmp))
                     per_thread = bn * bk / (32 * warps)
                     rows.append({"kind": kind, "block_n": bn, "block_k": bk, "warps": warps,
                                  "prefetch": prefetch, "weights_per_thread": per_thread,

@@ -66,7 +66,7 @@ import triton
 import triton.language as tl
 
 from .dequant_ref import check_w4a16_args, check_w8a16_args
-from .gemv import _workspace, gemv_launch_w4, gemv_launch_w8, words_ok
+from .gemv import _split_k_sum, _workspace, gemv_launch_w4, gemv_launch_w8, words_ok
 from .interpret import INTERPRET
 from .intmath import cdiv, next_power_of_2
 
@@ -195,24 +195,15 @@ def _finish(acc, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS: tl.
 @triton.jit
 def _finish_split(acc, ws_ptr, cnt_ptr, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N,
                   pid_k, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
-    """The dot path's end with split-K (M <= BLOCK_M: one row block): each of the SPLIT_K
-    programs of a column block stores its partial [BLOCK_M, BLOCK_N] tile in a float32
-    workspace [SPLIT_K, M, N]; the last to finish (an atomic counter per column block, reset
-    by it) adds them and calls _finish. kernels/gemv.py's _finish does the same for one row."""
+    """The dot path's end with split-K (M <= BLOCK_M: one row block): the SPLIT_K programs of a
+    column block add their [BLOCK_M, BLOCK_N] tiles through a float32 workspace [SPLIT_K, M, N]
+    (kernels/gemv.py's `_split_k_sum`, one counter per column block), the last one stores y."""
     if SPLIT_K > 1:
-        pid_n = tl.program_id(0)
-        tile = offs_m[:, None] * N + offs_n[None, :]
         ok = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        tl.store(ws_ptr + pid_k * M * N + tile, acc, mask=ok)
-        tl.debug_barrier()                           # every thread's partials are written ...
-        done = tl.atomic_add(cnt_ptr + pid_n, 1)     # ... before the count (acq_rel, GPU scope)
-        if done == SPLIT_K - 1:
-            total = tl.zeros_like(acc)
-            for s in tl.static_range(SPLIT_K):       # .cg: read L2, not a stale L1 line
-                total += tl.load(ws_ptr + s * M * N + tile, mask=ok, other=0.0,
-                                 cache_modifier=".cg")
+        total, last = _split_k_sum(acc, ws_ptr, cnt_ptr, offs_m[:, None] * N + offs_n[None, :],
+                                   ok, M * N, tl.program_id(0), pid_k, SPLIT_K)
+        if last:
             _finish(total, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)       # ready for the next call
     else:
         _finish(acc, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, HAS_BIAS)
 

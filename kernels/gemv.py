@@ -115,21 +115,34 @@ def _u(b):
 
 # ---- the end of every kernel: one program's partial sums -> y --------------------------------
 @triton.jit
+def _split_k_sum(part, ws_ptr, cnt_ptr, offs, ok, size, counter, pid_k, SPLIT_K: tl.constexpr):
+    """Split-K in one launch, for any tile: each of the SPLIT_K programs that share counter
+    `counter` stores its partial sums `part` (at `offs` in its [size] slice of the float32
+    workspace, mask `ok`) and counts itself in. Returns (the sum of all SPLIT_K parts, whether
+    this program is the last): only the last one reads the parts (the others' loads are masked
+    off), since only it knows they are all written; it also puts the counter back to zero for
+    the next call. The caller stores the sum when it is the last."""
+    tl.store(ws_ptr + pid_k * size + offs, part, mask=ok)
+    tl.debug_barrier()                               # every thread's partials are written ...
+    last = tl.atomic_add(cnt_ptr + counter, 1) == SPLIT_K - 1   # ... before the count (acq_rel)
+    total = tl.zeros_like(part)
+    for s in tl.static_range(SPLIT_K):               # .cg: read L2, not a stale L1 line
+        total += tl.load(ws_ptr + s * size + offs, mask=ok & last, other=0.0,
+                         cache_modifier=".cg")
+    if last:
+        tl.atomic_xchg(cnt_ptr + counter, 0)         # ready for the next call
+    return total, last
+
+
+@triton.jit
 def _finish(part, s_ptr, ss, b_ptr, sb, y_ptr, syn, ws_ptr, cnt_ptr, offs_n, n_ok, N, pid_n,
             pid_k, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
     """part [BLOCK_N] float32: this program's sum over its K range. Without split-K it is the
     row's whole sum; with it, the last of the SPLIT_K programs of this row block adds them."""
     if SPLIT_K > 1:
-        tl.store(ws_ptr + pid_k * N + offs_n, part, mask=n_ok)
-        tl.debug_barrier()                           # every thread's partials are written ...
-        done = tl.atomic_add(cnt_ptr + pid_n, 1)     # ... before the count (acq_rel, GPU scope)
-        if done == SPLIT_K - 1:                      # the last one: the others are all written
-            total = tl.zeros_like(part)
-            for s in tl.static_range(SPLIT_K):       # .cg: read L2, not a stale L1 line
-                total += tl.load(ws_ptr + s * N + offs_n, mask=n_ok, other=0.0,
-                                 cache_modifier=".cg")
+        total, last = _split_k_sum(part, ws_ptr, cnt_ptr, offs_n, n_ok, N, pid_n, pid_k, SPLIT_K)
+        if last:
             _store(total, s_ptr, ss, b_ptr, sb, y_ptr, syn, offs_n, n_ok, HAS_SCALE, HAS_BIAS)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)       # ready for the next call
     else:
         _store(part, s_ptr, ss, b_ptr, sb, y_ptr, syn, offs_n, n_ok, HAS_SCALE, HAS_BIAS)
 

@@ -9,13 +9,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_the_gemv_kernels_compile_for_sm90_and_their_loop_is_read():
-    out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "kernel_sass.py"), "--json", "--prefetch", "on",
-         "--tiles", "8x512x4,32x256x4,8x1024x4"], capture_output=True, text=True, timeout=600,
-        cwd=REPO)
+def sass(*args: str) -> list[dict]:
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "kernel_sass.py"), "--json",
+                          *args], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = json.loads(out.stdout)["rows"]
+    return json.loads(out.stdout)["rows"]
+
+
+def test_the_gemv_kernels_compile_for_sm90_and_their_loop_is_read():
+    rows = sass("--prefetch", "on", "--tiles", "8x512x4,32x256x4,8x1024x4")
     assert {(r["kind"], r["block_n"], r["block_k"]) for r in rows} == {
         ("w8", 8, 512), ("w8", 8, 1024), ("w4", 8, 1024), ("w4", 32, 256), ("float", 8, 512)}
     for r in rows:
@@ -26,3 +28,11 @@ def test_the_gemv_kernels_compile_for_sm90_and_their_loop_is_read():
         assert 16 <= r["regs"] <= 255, r
     w8 = {r["block_k"]: r for r in rows if r["kind"] == "w8"}
     assert w8[1024]["ops"].get("PRMT", 0) >= 64      # one byte permute per int8 code at least
+
+
+def test_the_split_k_finish_compiles_with_its_two_atomics():
+    """SPLIT_K > 1: each program counts itself in (atomic add), the last resets the counter
+    (atomic exchange); without split-K there is no atomic at all."""
+    for split, atomics in (("4", 2), ("1", 0)):
+        for r in sass("--prefetch", "on", "--tiles", "8x512x4,32x256x4", "--split-k", split):
+            assert r["atomics"] == atomics, (split, r)

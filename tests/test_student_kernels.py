@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 import kernels  # noqa: F401  (sets TRITON_INTERPRET without a GPU before any kernel is defined)
 from autograder.labs import kernelcheck as kc
@@ -208,6 +209,9 @@ def test_what_is_not_the_students_triton_is_refused(solution):
     import kernels.gemv as gv  # the batch-1 kernels the fused ones call at M = 1
     with pytest.raises(AssertionError, match="course's kernel"):
         tri.check_w8a16_gemv(gv._gemv_w8_kernel)
+    # a new kernel object around the course's own Python function is still the course's kernel
+    with pytest.raises(AssertionError, match="course's kernel"):
+        tri.check_w8a16_gemv(triton.jit(gv._gemv_w8_kernel.fn))
     with pytest.raises(AssertionError, match="must be a @triton.jit kernel"):
         tri.check_matvec(solution.matvec_kernel.fn)
 
