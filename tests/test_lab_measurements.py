@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 # The ranges lab 02's text states (02_md_ttft, 02_md_batch_read, 02_md_extrapolate).
 FIXED_IN_TOKENS = (15, 60)         # the TTFT fit's fixed cost a, in units of its per-token cost b
 THROUGHPUT_GROWTH = (6.0, 11.0)    # tokens/s at B = 64 over B = 1 ("roughly 8x")
-CACHED_STEP_OUTLIER = 2.0          # the trace's slowest cached step / their median, at most
+CACHED_STEP_FLAT = 2.0             # the trace's cached steps: 95th percentile / median, at most
+CACHED_STEP_OUTLIER = 3.0          # the slowest one / median: "up to about 2x", 2.16x once
 SPEEDUP_480 = (9.0, 16.0)          # predicted naive / cached for P = 32, n = 480
 CHECK_AGREEMENT = (0.7, 1.3)       # predicted / measured speed-up of the check generation
 
@@ -84,6 +85,8 @@ def run_measured_cells(cells, ns) -> dict:
             "cached_step_median_ms": float(ns["np"].median(ns["cached_steps"][1:]) * 1e3),
             "cached_step_max_over_median": float(ns["cached_steps"][1:].max()
                                                  / ns["np"].median(ns["cached_steps"][1:])),
+            "cached_step_p95_over_median": float(ns["np"].percentile(ns["cached_steps"][1:], 95)
+                                                 / ns["np"].median(ns["cached_steps"][1:])),
             "decode_fixed_ms": decode.fixed * 1e3, "decode_per_key_us": decode.per_key * 1e6,
             "naive_fixed_ms": prefill.fixed * 1e3,
             "speedup_480": float(n480[0] / n480[1]),
@@ -112,6 +115,7 @@ def test_lab02_measurements_hold_with_a_busy_core(lab02_namespace, capsys):
         assert r["ttft_over_napkin_min"] >= 1 and r["prefill_gflops"] < r["peak_gflops"], where
         assert r["step_over_napkin_min"] >= 1, where
         assert THROUGHPUT_GROWTH[0] <= r["throughput_growth_1_64"] <= THROUGHPUT_GROWTH[1], where
+        assert r["cached_step_p95_over_median"] <= CACHED_STEP_FLAT, where
         assert r["cached_step_max_over_median"] <= CACHED_STEP_OUTLIER, where
         # part 7: positive costs, the prediction agrees with the check, and lands in the range
         assert r["decode_fixed_ms"] > 0 and r["decode_per_key_us"] >= 0, where
