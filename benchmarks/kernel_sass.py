@@ -1,5 +1,6 @@
-"""What the batch-1 GEMV kernels compile to on an NVIDIA GPU, without one: registers, the main
-loop's machine instructions per weight, its barriers and loads.
+"""What the batch-1 GEMV kernels (and the int4 M = 2..16 tensor-core kernel, `w4dot`) compile
+to on an NVIDIA GPU, without one: registers, the main loop's machine instructions per weight,
+its barriers and loads.
 
     python benchmarks/kernel_sass.py                       # every kernel, a few tiles, sm_90
     python benchmarks/kernel_sass.py --kinds w4 --arch 90 --prefetch both --json
@@ -45,12 +46,13 @@ from triton.compiler import ASTSource  # noqa: E402
 # (block_n, block_k, warps): the tiles pick_config uses and their neighbours in the sweeps
 TILES = {"w8": [(8, 1024, 4), (8, 512, 4), (16, 512, 8)],
          "w4": [(8, 1024, 4), (32, 256, 4), (16, 512, 4)],
-         "float": [(4, 2048, 4), (8, 512, 4)]}
+         "float": [(4, 2048, 4), (8, 512, 4)],
+         "w4dot": [(64, 128, 4)]}     # kernels/dequant_matmul.py's M = 2..16 int4 kernel
 GROUP = 128
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*bf16",
             "z_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32",
             "cnt_ptr": "*i32"}
-ALIGNED = ["N", "K", "swn", "sqn", "ssn", "szn"]     # what a contiguous 4096 x 4096 call gives
+ALIGNED = ["N", "K", "swn", "sqn", "ssn", "szn", "sxm", "sym"]   # a contiguous 4096 x 4096 call
 
 
 def _tool(name: str) -> str:
@@ -59,8 +61,14 @@ def _tool(name: str) -> str:
 
 def compile_for(kind: str, block_n: int, block_k: int, warps: int, prefetch: bool, arch: int,
                 split_k: int = 1):
-    from kernels import gemv
-    if kind == "float":
+    from kernels import dequant_matmul, gemv
+    if kind == "w4dot":         # 16 rows of bf16 x, one group of GROUP = block_k per step
+        import triton.language as tl
+        fn, pointers = dequant_matmul._w4a16_dot_kernel, {}
+        consts = dict(HAS_BIAS=False, GROUP=block_k, BLOCK_M=16, BLOCK_N=block_n,
+                      DOT_DTYPE=tl.bfloat16, DOT_IEEE=False, FAST_CVT=True, sxk=1, ssg=1,
+                      szg=1, syn=1)
+    elif kind == "float":
         fn, pointers = gemv._gemv_float_kernel, {}
         consts = dict(HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=block_k, sxk=1, swk=1)
     elif kind == "w8":
@@ -71,7 +79,9 @@ def compile_for(kind: str, block_n: int, block_k: int, warps: int, prefetch: boo
         fn, pointers = gemv._gemv_w4_kernel, {}
         consts = dict(HAS_BIAS=False, GROUP=GROUP, BLOCK_N=block_n,
                       GROUPS_PER_STEP=block_k // GROUP, FAST_CVT=True, sxk=1, ssg=1, szg=1)
-    consts.update(SPLIT_K=split_k, PREFETCH=prefetch)
+    consts.update(SPLIT_K=split_k)
+    if prefetch is not None:
+        consts.update(PREFETCH=prefetch)
     names = list(fn.arg_names)
     types = {**POINTERS, **pointers}
     signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
@@ -117,7 +127,7 @@ def sass_figures(compiled, tmp: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kinds", default="w8,w4,float")
+    ap.add_argument("--kinds", default="w8,w4,float,w4dot")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 = H100/H200")
     ap.add_argument("--prefetch", choices=("off", "on", "both"), default="both")
     ap.add_argument("--tiles", help="only these tiles, e.g. 8x512x4,32x256x4 (N x K x warps)")
@@ -131,12 +141,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.kinds.split(","):
             if kind not in TILES:
-                raise SystemExit(f"unknown kind {kind!r}: w8, w4 or float")
+                raise SystemExit(f"unknown kind {kind!r}: w8, w4, float or w4dot")
             for bn, bk, warps in TILES[kind]:
                 if want and (bn, bk, warps) not in want:
                     continue
-                for prefetch in {"off": [False], "on": [True],
-                                 "both": [False, True]}[args.prefetch]:
+                for prefetch in [None] if kind == "w4dot" else {
+                        "off": [False], "on": [True], "both": [False, True]}[args.prefetch]:
                     fig = sass_figures(compile_for(kind, bn, bk, warps, prefetch, args.arch,
                                                    args.split_k), Path(tmp))
                     per_thread = bn * bk / (32 * warps)

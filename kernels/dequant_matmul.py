@@ -30,12 +30,19 @@ Kernel design (one program = one BLOCK_N slice of output features, looping over 
   step is loads, converts and multiply-adds with no cross-thread reduction. int4: one tl.sum
   per group per step (the group's scale and zero point are applied to that sum, below); the
   rows of x are an unrolled tl.static_range loop reusing the unpacked tile.
-  M >= 2: the "dot path", tl.dot on a [16 or 64, BLOCK_K] x [BLOCK_K, BLOCK_N] tile (rows
-  padded to the block and masked): the FMA path's CUDA-core work grows with M, while the padded
-  rows of a dot cost no memory traffic.
+  M >= 2: the "dot path", tl.dot with the rows of x padded to 16 or 64 and masked: the FMA
+  path's CUDA-core work grows with M, while the padded rows of a dot cost no memory traffic.
+  int8: x [16 or 64, BLOCK_K] @ codes [BLOCK_K, BLOCK_N]. int4: the other way round, codes
+  [BLOCK_N, G] @ x.T [G, 16 or 64], so on an H100/H200 the weights fill the 64-row side of the
+  warp-group tensor-core instruction (wgmma) and x its narrow side; the codes are read as int16
+  half-words and become bfloat16 128 + code with one LOP3 per two codes (inline PTX, below).
+  (The order, bf16 instead of float32 codes and half-words gave 7-10 % at M = 2..16 on an H200:
+  benchmarks/RESULTS.md, "Fourth run".) Codes a kernel cannot read as half-words (an odd row
+  stride) take the FMA path.
 * int4 nibbles: a byte holds k = 2j (low) and k = 2j + 1 (high). `tl.join(b & 0xF, b >> 4)`
   puts them side by side on a new last axis and a reshape merges (j, 2) back into k, so codes
-  come out in natural k order and x is read contiguously.
+  come out in natural k order and x is read contiguously. The dot path does the same with the
+  four codes of a half-word (`_int4x4_to_16bit`).
 * int -> float with a bit trick: for 0 <= u < 2**23, the float32 with bits 0x4B000000 | u is
   exactly 2**23 + u, so an OR and a subtraction replace an int-to-float conversion instruction
   (a quarter of the float32 rate on recent NVIDIA GPUs; int4 needs two per byte).
@@ -46,8 +53,9 @@ Kernel design (one program = one BLOCK_N slice of output features, looping over 
   group at a time. int8 has one scale per row, applied once at the end.
 * Numerics: every load is upcast to float32 right away (the Triton CPU interpreter computes
   garbage in bf16/fp16), accumulation is float32. The dot path feeds the tensor cores codes and
-  x in x's 16-bit dtype -- exact, since codes are small integers and x already is that dtype --
-  and uses full float32 ("ieee") for float32 x; in the interpreter it always dots in float32.
+  x in x's 16-bit dtype -- exact, since codes (and 128 + code) are small integers and x already
+  is that dtype -- and uses full float32 ("ieee") for float32 x; in the interpreter it always
+  dots in float32.
 * Every load and store is masked: N need not be a multiple of BLOCK_N, M of BLOCK_M, K of
   BLOCK_K; tensors can be strided views (offsets use the strides passed in).
 
@@ -70,7 +78,7 @@ from .gemv import _split_k_sum, _workspace, gemv_launch_w4, gemv_launch_w8, word
 from .interpret import INTERPRET
 from .intmath import cdiv, next_power_of_2
 
-__all__ = ["w8a16_matmul", "w4a16_matmul", "Config", "pick_config", "INTERPRET"]
+__all__ = ["w8a16_matmul", "w4a16_matmul", "Config", "pick_config", "halfwords_ok", "INTERPRET"]
 
 
 
@@ -122,11 +130,15 @@ def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None
         return Config(False, min(next_power_of_2(M), 4), 16, 256)
     if M > 16:
         return Config(True, 64, 64, 64 if kind == "w8" else group_size)
-    # M = 2..16: one row block of 16, [64, 128] weight tiles (int4: [64, group]), K split four
-    # ways where each part still has 4 tiles (the sweeps' best on an H100 and an H200 within 5 %)
-    block_k = 128 if kind == "w8" else group_size
-    split = max(1, min(4, K // (4 * block_k)))
-    return Config(True, 16, 64, block_k, num_stages=4 if kind == "w8" else 3, split_k=split)
+    # M = 2..16: one row block of 16. int8: [64, 128] weight tiles, K split four ways where
+    # each part still has 4 tiles (the sweeps' best on an H100 and an H200 within 5 %). int4:
+    # [64, group] tiles, K split so that there are about 512 programs (four per SM of an
+    # H200), each with at least 4 groups (benchmarks/w4_dot_probe.py on an H200)
+    if kind == "w8":
+        return Config(True, 16, 64, 128, num_stages=4,
+                      split_k=max(1, min(4, K // (4 * 128))))
+    split = max(1, min(8, 512 // cdiv(N, 64), K // group_size // 4))
+    return Config(True, 16, 64, group_size, num_stages=3, split_k=split)
 
 
 def _check_config(cfg: Config, kind: str, group_size: int | None) -> None:
@@ -302,35 +314,72 @@ def _w4a16_fma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K,
 
 
 @triton.jit
+def _int4x4_to_16bit(h, FAST_CVT: tl.constexpr):
+    """int16 half-words of four int4 codes (code j in bits 4j..4j+3) -> bfloat16 128 + code,
+    [..., 2, 2] with code 2p + q at [..., p, q]: reshaped, the codes come in memory order.
+    With FAST_CVT (a GPU) one LOP3 per two codes: a register holds two half-words, so
+    (bits >> 4j) & 0x000F000F | 0x43004300 is the bfloat16 pair 128 + code j of each (0x4300
+    is 128.0, whose last mantissa bit weighs 1). The 128 is taken off with the zero point."""
+    if FAST_CVT:
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t;
+            lop3.b32 $0, $4, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 t, $4, 4;
+            lop3.b32 $1, t, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 t, $4, 8;
+            lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 t, $4, 12;
+            lop3.b32 $3, t, 0x000F000F, 0x43004300, 0xEA;
+            }""",
+            constraints="=r,=r,=r,=r,r", args=[h], dtype=(tl.bfloat16,) * 4, is_pure=True,
+            pack=2)
+    else:
+        hi = h.to(tl.int32)
+        c0 = ((hi & 0xF) + 128).to(tl.float32)
+        c1 = (((hi >> 4) & 0xF) + 128).to(tl.float32)
+        c2 = (((hi >> 8) & 0xF) + 128).to(tl.float32)
+        c3 = (((hi >> 12) & 0xF) + 128).to(tl.float32)
+    return tl.join(tl.join(c0, c2), tl.join(c1, c3))
+
+
+@triton.jit
 def _w4a16_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
-                      sxm, sxk, sqn, sqk, ssn, ssg, szn, szg, sb, sym, syn,
+                      sxm, sxk, sqn, ssn, ssg, szn, szg, sb, sym, syn,
                       HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr,
-                      SPLIT_K: tl.constexpr):
-    HALF: tl.constexpr = GROUP // 2
+                      SPLIT_K: tl.constexpr, FAST_CVT: tl.constexpr):
+    """Codes read as int16 half-words (sqn: row stride in half-words). The weight tile is the
+    dot's first operand, [BLOCK_N, GROUP] @ x.T [GROUP, BLOCK_M]: on an H100/H200 the codes
+    then fill the tensor-core instruction's 64-row side (wgmma), and the few rows of x its
+    narrow side. One group per step: qx = sum_k (128 + q) x, then s (qx - (z + 128) sum_k x)."""
+    HW: tl.constexpr = GROUP // 4                                        # half-words per group
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok, m_ok = offs_n < N, offs_m < M
+    q16 = q_ptr.to(tl.pointer_type(tl.int16))
     g_per = tl.cdiv(K // GROUP, SPLIT_K)                                 # this program's groups
     g_lo = pid_k * g_per
     g_hi = tl.minimum(g_lo + g_per, K // GROUP)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for g in range(g_lo, g_hi):                                          # one group per step
         k = g * GROUP + tl.arange(0, GROUP)
-        xt = tl.load(x_ptr + offs_m[:, None] * sxm + k[None, :] * sxk, mask=m_ok[:, None],
-                     other=0.0).to(tl.float32)                           # [BLOCK_M, GROUP]
-        byte = g * HALF + tl.arange(0, HALF)
-        b = tl.load(q_ptr + offs_n[:, None] * sqn + byte[None, :] * sqk, mask=n_ok[:, None],
-                    other=0)                                             # [BLOCK_N, HALF]
-        codes = _uint_to_f32(tl.reshape(_nibbles(b), (BLOCK_N, GROUP)))   # [BLOCK_N, GROUP]
-        qx = _dot(xt, tl.trans(codes), DOT_DTYPE, DOT_IEEE)              # codes exact in 16 bit
+        h = tl.load(q16 + offs_n[:, None] * sqn + (g * HW + tl.arange(0, HW))[None, :],
+                    mask=n_ok[:, None], other=0)                         # [BLOCK_N, HW]
+        codes = tl.reshape(_int4x4_to_16bit(h, FAST_CVT), (BLOCK_N, GROUP))   # 128 + q, exact
+        xt = tl.load(x_ptr + offs_m[None, :] * sxm + k[:, None] * sxk, mask=m_ok[None, :],
+                     other=0.0)                                          # [GROUP, BLOCK_M]
+        if DOT_IEEE:
+            qx = tl.dot(codes.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+        else:
+            qx = tl.dot(codes.to(DOT_DTYPE), xt.to(DOT_DTYPE))           # [BLOCK_N, BLOCK_M]
         s = tl.load(s_ptr + offs_n * ssn + g * ssg, mask=n_ok, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n * szn + g * szg, mask=n_ok, other=0.0).to(tl.float32)
-        xsum = tl.sum(xt, axis=1)                                        # [BLOCK_M]
-        acc += s[None, :] * (qx - xsum[:, None] * z[None, :])
-    _finish_split(acc, ws_ptr, cnt_ptr, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n, M, N, pid_k,
-                  HAS_BIAS, SPLIT_K)
+        xsum = tl.sum(xt.to(tl.float32), axis=0)                         # [BLOCK_M]
+        acc += s[:, None] * (qx - (z + 128.0)[:, None] * xsum[None, :])
+    _finish_split(tl.trans(acc), ws_ptr, cnt_ptr, b_ptr, sb, y_ptr, sym, syn, offs_m, offs_n,
+                  M, N, pid_k, HAS_BIAS, SPLIT_K)
 
 
 # ---- launchers ---------------------------------------------------------------------------------
@@ -385,6 +434,13 @@ def _launch_w8(x2, qweight, scales, bias, out, config: Config | None = None) -> 
         _w8a16_fma_kernel[grid](*(args[:5] + args[7:]), **meta)
 
 
+def halfwords_ok(codes: torch.Tensor) -> bool:
+    """Can the int4 dot kernel read these packed codes as int16 half-words: unit column stride,
+    an even row stride and a 2-byte aligned start?"""
+    return (codes.dim() == 2 and codes.stride(1) == 1 and codes.stride(0) % 2 == 0
+            and codes.data_ptr() % 2 == 0)
+
+
 def _launch_w4(x2, qweight, scales, zeros, group_size, bias, out,
                config: Config | None = None) -> None:
     """out[M, N] = x2[M, K] @ dequant(qweight, scales, zeros).T (+ bias); arguments checked."""
@@ -400,18 +456,24 @@ def _launch_w4(x2, qweight, scales, zeros, group_size, bias, out,
         return gemv_launch_w4(x2[0], qweight, scales, zeros, group_size, bias, out[0],
                               cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps,
                               cfg.num_stages, prefetch=cfg.prefetch)
+    if cfg.use_dot and not halfwords_ok(qweight):    # an odd view: the FMA path takes any
+        cfg = Config(False, min(next_power_of_2(M), 4), 16, max(256, group_size))
     grid, ws, cnt = _grid(cfg, M, N, out)
     b = bias if bias is not None else scales[:, 0]
-    args = (x2, qweight, scales, zeros, b, out, ws, cnt, M, N, K, x2.stride(0), x2.stride(1),
-            qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-            zeros.stride(0), zeros.stride(1), b.stride(0), out.stride(0), out.stride(1))
     meta = dict(HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.use_dot:
-        _w4a16_dot_kernel[grid](*args, **meta, **_dot_args(x2), SPLIT_K=cfg.split_k)
+        _w4a16_dot_kernel[grid](
+            x2, qweight, scales, zeros, b, out, ws, cnt, M, N, K, x2.stride(0), x2.stride(1),
+            qweight.stride(0) // 2, scales.stride(0), scales.stride(1), zeros.stride(0),
+            zeros.stride(1), b.stride(0), out.stride(0), out.stride(1), **meta,
+            **_dot_args(x2), SPLIT_K=cfg.split_k, FAST_CVT=not INTERPRET)
     else:
-        _w4a16_fma_kernel[grid](*(args[:6] + args[8:]), **meta,
-                                GROUPS_PER_STEP=cfg.block_k // group_size)
+        _w4a16_fma_kernel[grid](
+            x2, qweight, scales, zeros, b, out, M, N, K, x2.stride(0), x2.stride(1),
+            qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
+            zeros.stride(0), zeros.stride(1), b.stride(0), out.stride(0), out.stride(1), **meta,
+            GROUPS_PER_STEP=cfg.block_k // group_size)
 
 
 # ---- public API: same signatures as the references ---------------------------------------------

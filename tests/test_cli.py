@@ -105,6 +105,7 @@ def test_bench_decode_json_with_hf(run):
     assert r["new_tokens"] == 12 and r["batch"] == 1
 
 
+@pytest.mark.slow    # a whole benchmark run: make test, not make check
 def test_bench_decode_times_both_formats_and_names_a_bad_one(run):
     out = json.loads(run("bench", "decode", "--model", "draft", "--prompt-len", "4",
                          "--new-tokens", "6", "--repeats", "1", "--no-naive", "--json").stdout)
@@ -119,6 +120,7 @@ def test_bench_decode_times_both_formats_and_names_a_bad_one(run):
     assert bad.returncode == 2 and "int3" in bad.stderr
 
 
+@pytest.mark.slow    # a whole benchmark run: make test, not make check
 def test_bench_quant_cli_json(run):
     out = json.loads(run("bench", "quant", "--new-tokens", "8", "--repeats", "1", "--threads",
                          "1", "--json").stdout)

@@ -34,5 +34,16 @@ def test_the_split_k_finish_compiles_with_its_two_atomics():
     """SPLIT_K > 1: each program counts itself in (atomic add), the last resets the counter
     (atomic exchange); without split-K there is no atomic at all."""
     for split, atomics in (("4", 2), ("1", 0)):
-        for r in sass("--prefetch", "on", "--tiles", "8x512x4,32x256x4", "--split-k", split):
-            assert r["atomics"] == atomics, (split, r)
+        rows = sass("--kinds", "w8,w4", "--prefetch", "on", "--tiles", "8x512x4,32x256x4",
+                    "--split-k", split)
+        assert len(rows) == 2 and all(r["atomics"] == atomics for r in rows), (split, rows)
+
+
+def test_the_int4_tensor_core_kernel_compiles_for_sm90():
+    """kernels/dequant_matmul.py's int4 kernel for M = 2..16: the weight tile feeds the H100's
+    warp-group tensor-core instruction (HGMMA), its codes become bfloat16 by the inline PTX (one
+    LOP3 per two codes at least), and split-K adds its two atomics."""
+    (r,) = sass("--kinds", "w4dot", "--split-k", "4")
+    assert r["ops"].get("HGMMA", 0) >= 1, r
+    assert r["ops"].get("LOP3", 0) >= r["weights_per_thread"] / 2, r
+    assert 1 <= r["loop_per_weight"] <= 12 and r["atomics"] == 2, r

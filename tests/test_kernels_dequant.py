@@ -189,17 +189,21 @@ def test_w8a16_both_paths_any_m(M, use_dot):
 
 
 # ---- boundaries: nothing outside the tensors is read or written -------------------------------
-def poisoned_view(shape, fill, dtype, data):
-    """`data` placed in a corner of a bigger tensor whose other elements are `fill`: a strided
-    view whose out-of-bounds neighbours poison any output they leak into."""
-    big = torch.full([s + 5 for s in shape], fill, dtype=dtype, device=DEV)
+def poisoned_view(shape, fill, dtype, data, pad=5):
+    """`data` placed in a corner of a bigger tensor (`pad` more along each axis) whose other
+    elements are `fill`: a strided view whose out-of-bounds neighbours poison any output they
+    leak into."""
+    big = torch.full([s + pad for s in shape], fill, dtype=dtype, device=DEV)
     view = big[tuple(slice(0, s) for s in shape)]
     view.copy_(data)
     return view
 
 
-@pytest.mark.parametrize("M", [3, 17])
-def test_w4a16_reads_only_inside_its_tensors(M):
+@pytest.mark.parametrize("M,pad", [(3, 5), (17, 5), (8, 6), (17, 6)])
+def test_w4a16_reads_only_inside_its_tensors(M, pad):
+    """Every input a view inside a poisoned buffer. pad 5: rows of an odd number of bytes,
+    which the dot kernel cannot read as half-words (the FMA path takes them); pad 6: the dot
+    kernel itself (M = 8 on 16-row tiles, M = 17 on 64-row tiles)."""
     N, K, G = 37, 192, 64
     gen = torch.Generator().manual_seed(11)
     codes, scales, zeros = make_w4(N, K, G, gen)
@@ -208,7 +212,8 @@ def test_w4a16_reads_only_inside_its_tensors(M):
     want = oracle_w4(x, codes, scales, zeros, G, bias)
     nan = float("nan")
     xv = poisoned_view((M, K), nan, torch.float16, x)
-    qv = poisoned_view((N, K // 2), 0xFF, torch.uint8, pack_int4(codes))
+    qv = poisoned_view((N, K // 2), 0xFF, torch.uint8, pack_int4(codes), pad)
+    assert dm.halfwords_ok(qv) == (pad % 2 == 0)
     sv = poisoned_view((N, K // G), nan, torch.float32, scales)
     zv = poisoned_view((N, K // G), 1e30, torch.float32, zeros)
     bv = poisoned_view((N,), nan, torch.float32, bias)

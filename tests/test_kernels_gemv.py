@@ -152,11 +152,15 @@ def test_codes_that_are_not_whole_words_take_the_general_path():
 
 
 def test_the_m2_to_16_path_splits_k():
-    """pick_config: M = 2..16 cut K four ways where each part keeps four tiles; small layers
-    (the shipped model's) are not split, and M > 16 never."""
+    """pick_config: M = 2..16 cut K (int8: four ways where each part keeps four tiles; int4:
+    to about 512 programs, each with four groups or more); small layers (the shipped model's)
+    are not split, and M > 16 never."""
     assert dm.pick_config("w8", 2, 4096, 4096).split_k == 4
     assert dm.pick_config("w8", 16, 8192, 8192).split_k == 4
-    assert dm.pick_config("w4", 2, 4096, 4096, 128).split_k == 4
+    assert dm.pick_config("w4", 2, 4096, 4096, 128).split_k == 8
+    assert dm.pick_config("w4", 16, 8192, 8192, 128).split_k == 4
+    assert dm.pick_config("w4", 2, 1536, 384, 64).split_k == 1
+    assert dm.pick_config("w4", 17, 4096, 4096, 128).split_k == 1
     assert dm.pick_config("w8", 2, 1536, 1536).split_k == 3
     assert dm.pick_config("w8", 2, 1536, 384).split_k == 1
     assert dm.pick_config("w8", 17, 4096, 4096).split_k == 1
