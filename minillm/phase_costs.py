@@ -156,11 +156,13 @@ def cpu_roofline(dim: int = 2048, batches: Iterable[int] = (1, 4, 16, 64, 256, 5
                  warmup: int = 1, repeats: int = 5, seed: int = 0, timer=cpu_time_interleaved
                  ) -> dict:
     """The two roofs this core reaches at least (`roofline.empirical_roofline`): one fp32 matmul
-    X W, W of dim x dim, at each batch size, interleaved, medians of CPU time. Returns its
-    dict (peak_flops_per_s, bandwidth_bytes_per_s, ridge_intensity) plus `batches`,
-    `intensity` and `flops_per_s` of every point. Batches up to 512 reach the matmul's peak on
-    one core, so a model's prefill (smaller matmuls, attention, a hundred small ops) stays under
-    it."""
+    X W, W of dim x dim, at each batch size, interleaved, the fastest repeat in CPU time (what
+    the core reached; a neighbour sharing its caches only slows a repeat down, see `minima`:
+    with medians, a busy neighbour once pulled the peak under what the model's own prefill
+    reached). Returns its dict (peak_flops_per_s, bandwidth_bytes_per_s, ridge_intensity) plus
+    `batches`, `intensity` and `flops_per_s` of every point. Batches up to 512 reach the
+    matmul's peak on one core, so a model's prefill (smaller matmuls, attention, a hundred small
+    ops) stays under it."""
     batches = [int(b) for b in batches]
     g = torch.Generator().manual_seed(seed)
     W = torch.randn(dim, dim, generator=g) / dim ** 0.5
@@ -170,7 +172,7 @@ def cpu_roofline(dim: int = 2048, batches: Iterable[int] = (1, 4, 16, 64, 256, 5
     for b in batches:
         flops, nbytes = roofline.matmul_counts(b, dim, dim, 4)
         intensity.append(flops / nbytes)
-        achieved.append(flops / _median(times[b]))
+        achieved.append(flops / min(times[b]))
     return {**roofline.empirical_roofline(intensity, achieved), "batches": batches,
             "intensity": intensity, "flops_per_s": achieved}
 
