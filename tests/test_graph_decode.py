@@ -70,7 +70,7 @@ def test_grouped_heads_and_a_full_cache(kw):
 
 
 @pytest.mark.parametrize("kw", [dict(generated_matvec=False), dict(generated_matvec=True),
-                                dict(triton_gemv=True)])
+                                pytest.param(dict(triton_gemv=True), marks=pytest.mark.slow)])
 def test_the_compiled_step_gives_the_same_tokens(kw):
     m = tiny(n_kv_heads=2)
     prompt = [3, 14, 15, 9, 2, 6]
@@ -79,6 +79,7 @@ def test_the_compiled_step_gives_the_same_tokens(kw):
         generate_naive(m, prompt, SamplingParams(temperature=0, max_new_tokens=12))[0]
 
 
+@pytest.mark.slow    # the Triton GEMV in the interpreter over a whole model: make test
 def test_the_triton_gemv_step_gives_the_models_tokens_and_logits():
     """Products on kernels/gemv.py's GEMV (the Triton interpreter here, hence a tiny model)
     instead of torch's."""

@@ -49,6 +49,7 @@ def test_forward_contract(target):
         assert target(ids).shape == (2, 9, target.config.vocab_size)
 
 
+@pytest.mark.slow    # evaluates the shipped models on held-out text: make test
 def test_held_out_loss_is_far_below_chance(target, draft, tok):
     """Chance is ln(4096) = 8.3 nats; a unigram model of the corpus gets ~6. The card has the
     full-split figures; this checks a 16k-token prefix of the held-out plays."""
@@ -88,6 +89,7 @@ def test_lab09_models_are_trained_and_shaped_as_promised():
     assert 0.8 < dlm.num_params() / target.num_params() < 1.2
 
 
+@pytest.mark.slow    # evaluates the shipped models on held-out text: make test
 def test_lab09_held_out_figures(tok):
     """On a 16k-token prefix of the held-out plays: the hybrid near the target (4.0 nats there);
     the diffusion model's NLL *bound* (an upper bound) far above it, yet below chance (ln 4096 =
