@@ -36,7 +36,7 @@ Kernel design (one program = one BLOCK_N slice of output features, looping over 
   [BLOCK_N, G] @ x.T [G, 16 or 64], so on an H100/H200 the weights fill the 64-row side of the
   warp-group tensor-core instruction (wgmma) and x its narrow side; the codes are read as int16
   half-words and become bfloat16 128 + code with one LOP3 per two codes (inline PTX, below).
-  (The order, bf16 instead of float32 codes and half-words gave 7-10 % at M = 2..16 on an H200:
+  (The order, bf16 instead of float32 codes and half-words gave 8-10 % at M = 2..16 on an H200:
   benchmarks/RESULTS.md, "Fourth run".) Codes a kernel cannot read as half-words (an odd row
   stride) take the FMA path.
 * int4 nibbles: a byte holds k = 2j (low) and k = 2j + 1 (high). `tl.join(b & 0xF, b >> 4)`
