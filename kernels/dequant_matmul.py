@@ -127,7 +127,7 @@ def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None
         return Config(False, 1, 8, max(1024, g), num_warps=4, num_stages=3, gemv=True,
                       prefetch=True)
     if small_group:
-        return Config(False, min(next_power_of_2(M), 4), 16, 256)
+        return _fma_config(M, group_size)
     if M > 16:
         return Config(True, 64, 64, 64 if kind == "w8" else group_size)
     # M = 2..16: one row block of 16. int8: [64, 128] weight tiles, K split four ways where
@@ -139,6 +139,12 @@ def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None
                       split_k=max(1, min(4, K // (4 * 128))))
     split = max(1, min(8, 512 // cdiv(N, 64), K // group_size // 4))
     return Config(True, 16, 64, group_size, num_stages=3, split_k=split)
+
+
+def _fma_config(M: int, group_size: int) -> Config:
+    """The int4 FMA path for any M (small groups, codes the dot kernel cannot read): up to 4
+    rows of x per program, [16, 256] code tiles (a whole group when groups are longer)."""
+    return Config(False, min(next_power_of_2(M), 4), 16, max(256, group_size))
 
 
 def _check_config(cfg: Config, kind: str, group_size: int | None) -> None:
@@ -186,9 +192,10 @@ def _nibbles(b):
 
 @triton.jit
 def _dot(a, b, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
-    """float32 operands -> float32 a @ b, on the tensor cores in DOT_DTYPE unless DOT_IEEE."""
+    """a @ b in float32, from operands of any float dtype: full float32 with DOT_IEEE, else on
+    the tensor cores in DOT_DTYPE."""
     if DOT_IEEE:
-        return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE))
 
@@ -370,10 +377,7 @@ def _w4a16_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
         codes = tl.reshape(_int4x4_to_16bit(h, FAST_CVT), (BLOCK_N, GROUP))   # 128 + q, exact
         xt = tl.load(x_ptr + offs_m[None, :] * sxm + k[:, None] * sxk, mask=m_ok[None, :],
                      other=0.0)                                          # [GROUP, BLOCK_M]
-        if DOT_IEEE:
-            qx = tl.dot(codes.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-        else:
-            qx = tl.dot(codes.to(DOT_DTYPE), xt.to(DOT_DTYPE))           # [BLOCK_N, BLOCK_M]
+        qx = _dot(codes, xt, DOT_DTYPE, DOT_IEEE)                        # [BLOCK_N, BLOCK_M]
         s = tl.load(s_ptr + offs_n * ssn + g * ssg, mask=n_ok, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n * szn + g * szg, mask=n_ok, other=0.0).to(tl.float32)
         xsum = tl.sum(xt.to(tl.float32), axis=0)                         # [BLOCK_M]
@@ -457,7 +461,7 @@ def _launch_w4(x2, qweight, scales, zeros, group_size, bias, out,
                               cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps,
                               cfg.num_stages, prefetch=cfg.prefetch)
     if cfg.use_dot and not halfwords_ok(qweight):    # an odd view: the FMA path takes any
-        cfg = Config(False, min(next_power_of_2(M), 4), 16, max(256, group_size))
+        cfg = _fma_config(M, group_size)
     grid, ws, cnt = _grid(cfg, M, N, out)
     b = bias if bias is not None else scales[:, 0]
     meta = dict(HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg.block_m,
