@@ -71,11 +71,17 @@ def time_configs(kind, launch, want, baselines: dict, timer, repeats, label, log
             continue
         fns[name(cfg)] = (lambda cfg=cfg: launch(cfg))
     t = timer.run(fns, 5, repeats)
+    late = timer.late_calls()
+    if late:
+        log(f"{label}: launched after their start event (times may hold CPU launch time): "
+            + "; ".join(f"{k} {r['late']:.0%} (median slack {r['median_slack_s'] * 1e6:.0f} us)"
+            for k, r in late.items()))
     base = t["cublas_bf16"]
     ranked = sorted((k for k in t if k not in baselines), key=t.get)
     row = {"label": label, "us": {k: round(v * 1e6, 2) for k, v in t.items()},
            "speedup_vs_cublas": {k: round(base / v, 3) for k, v in t.items()},
-           "best": ranked[0] if ranked else None, "failed": failed}
+           "best": ranked[0] if ranked else None, "failed": failed,
+           "late_launches": {k: r["late"] for k, r in late.items()}}
     log(f"{label}: cuBLAS {base * 1e6:.1f} us; " + "; ".join(
         f"{k} {t[k] * 1e6:.1f} us ({base / t[k]:.2f}x)" for k in list(baselines)[1:] + ranked[:4])
         + (f"; {len(failed)} failed: {sorted(failed)[:3]}" if failed else ""))

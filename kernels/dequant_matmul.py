@@ -18,7 +18,7 @@ Kernel design (one program = one BLOCK_N slice of output features, looping over 
 * Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). Decode has M <= 16, so the N axis must
   provide the parallelism: BLOCK_N = 8 gives 512 programs for N = 4096, about four per H100 SM.
   M = 1 goes to kernels/gemv.py (`pick_config` says so with `gemv=True`): the same FMA path for
-  one row, with codes read as int32 words and converted by byte permutes on a GPU, optional
+  one row, with codes read as int32 words and converted with inline PTX on a GPU, optional
   split-K and prefetch. M = 2..16 on the dot path splits K too (one launch: the last program
   of a column block adds the partial sums, `_finish_split`): with [64, 128] tiles N = 4096
   alone gives only 64 programs.

@@ -20,9 +20,12 @@ memory allows, turning each weight into a float on the way. What decides whether
 * **few instructions per weight.** With FAST_CVT (compiled on a GPU, not in the interpreter)
   codes become floats with byte permutes: one `prmt` builds the float32 bit pattern 0x4B0000uu
   (= 2**23 + u) for one byte u of a word, so an int8 code costs one permute, one subtraction
-  and the multiply-add (the portable path: shift, mask, OR, subtract). int4: two ANDs and a
-  shift isolate the nibbles of a word, one `prmt` per nibble builds its float. tl.join puts the
-  codes of a word side by side and a reshape gives them in k order, so x is read contiguously.
+  and the multiply-add (the portable path: shift, mask, OR, subtract). int4: one LOP3 (mask and
+  OR in one instruction) puts two nibbles of a word, shifted into place, under the exponent of
+  two bfloat16s (0x4300 | code = 128 + code), and a shift or an AND widens each to float32; the
+  kernel takes the 128 off with the zero point, once per group, so no subtraction per code is
+  left. tl.join puts the codes of a word side by side and a reshape gives them in k order, so
+  x is read contiguously.
   `python benchmarks/kernel_sass.py` shows the result without a GPU: registers, instructions
   per weight and barriers in the loop of each kernel as compiled for sm_90.
 
@@ -31,7 +34,7 @@ kernels); `kernels.dequant_matmul` sends every M = 1 call here (`pick_config` re
 with `gemv=True`) when the codes are whole aligned words (`words_ok`; other views take its M >= 2
 kernels). Without a GPU the kernels run in Triton's interpreter (FAST_CVT off) for the tests.
 Measured (H100 and H200): benchmarks/RESULTS.md, "Third run: words, prefetch and split-K for
-M = 2..16", from `python benchmarks/gemv_sweep.py`.
+M = 2..16" and "Fifth run" (the int4 conversion), from `python benchmarks/gemv_sweep.py`.
 """
 from __future__ import annotations
 
@@ -76,24 +79,30 @@ def _int8x4_to_f32(word, FAST_CVT: tl.constexpr):
 @triton.jit
 def _int4x8_to_f32(word, FAST_CVT: tl.constexpr):
     """int32 words holding eight int4 codes (byte j: code 2j in the low nibble, 2j + 1 in the
-    high one) -> float32 [..., 2, 2, 2], exactly, codes in memory order once reshaped."""
+    high one) -> float32 128 + code [..., 2, 2, 2], exactly, codes in memory order once
+    reshaped. The kernel takes the 128 off with the zero point (it multiplies by x first)."""
     if FAST_CVT:
-        # two ANDs and a shift isolate the nibbles, one byte permute per code builds its float
+        # a shift and one LOP3 put two nibbles (codes i and i + 4) under the exponent of two
+        # bfloat16s, 0x4300 | code = 128 + code; a bfloat16 is the top half of a float32, so a
+        # shift by 16 (low half) or an AND (high half) makes each a float32
         c0, c1, c2, c3, c4, c5, c6, c7 = tl.inline_asm_elementwise(
             asm="""{
-            .reg .b32 l, h, c;
-            mov.b32 c, 0x4B000000;
-            and.b32 l, $8, 0x0F0F0F0F;
-            shr.u32 h, $8, 4;
-            and.b32 h, h, 0x0F0F0F0F;
-            prmt.b32 $0, l, c, 0x7650;
-            prmt.b32 $1, h, c, 0x7650;
-            prmt.b32 $2, l, c, 0x7651;
-            prmt.b32 $3, h, c, 0x7651;
-            prmt.b32 $4, l, c, 0x7652;
-            prmt.b32 $5, h, c, 0x7652;
-            prmt.b32 $6, l, c, 0x7653;
-            prmt.b32 $7, h, c, 0x7653;
+            .reg .b32 t0, t1, t2, t3, s;
+            lop3.b32 t0, $8, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 s, $8, 4;
+            lop3.b32 t1, s, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 s, $8, 8;
+            lop3.b32 t2, s, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 s, $8, 12;
+            lop3.b32 t3, s, 0x000F000F, 0x43004300, 0xEA;
+            shl.b32 $0, t0, 16;
+            shl.b32 $1, t1, 16;
+            shl.b32 $2, t2, 16;
+            shl.b32 $3, t3, 16;
+            and.b32 $4, t0, 0xFFFF0000;
+            and.b32 $5, t1, 0xFFFF0000;
+            and.b32 $6, t2, 0xFFFF0000;
+            and.b32 $7, t3, 0xFFFF0000;
             }""",
             constraints="=r,=r,=r,=r,=r,=r,=r,=r,r", args=[word], dtype=(tl.float32,) * 8,
             is_pure=True, pack=1)
@@ -103,8 +112,11 @@ def _int4x8_to_f32(word, FAST_CVT: tl.constexpr):
         c4, c5, c6, c7 = _u((word >> 16) & 0xF), _u((word >> 20) & 0xF), \
             _u((word >> 24) & 0xF), _u((word >> 28) & 0xF)
     # [..., i, j, l] is code 4i + 2j + l (each join's new axis is the last one)
-    return tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)),
-                   tl.join(tl.join(c1, c5), tl.join(c3, c7))) - 8388608.0
+    codes = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)),
+                    tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    if not FAST_CVT:
+        codes = codes - 8388480.0                             # 2**23 + code -> 128 + code
+    return codes
 
 
 @triton.jit
@@ -290,8 +302,8 @@ def _gemv_w4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N
         codes = tl.reshape(_int4x8_to_f32(words, FAST_CVT), (BLOCK_N, GROUPS_PER_STEP, GROUP))
         x = x.to(tl.float32)
         qx = tl.sum(codes * x[None, :, :], axis=2)                     # [BLOCK_N, groups]
-        acc += tl.sum(s.to(tl.float32) * (qx - z.to(tl.float32) * tl.sum(x, axis=1)[None, :]),
-                      axis=1)
+        z = z.to(tl.float32) + 128.0                                   # codes are 128 + q
+        acc += tl.sum(s.to(tl.float32) * (qx - z * tl.sum(x, axis=1)[None, :]), axis=1)
     _finish(acc, s_ptr, ssn, b_ptr, sb, y_ptr, syn, ws_ptr, cnt_ptr, offs_n, n_ok, N, pid_n,
             pid_k, False, HAS_BIAS, SPLIT_K)
 
