@@ -232,16 +232,19 @@ def lab09_namespace():
 def test_lab09_measurements_hold_with_a_busy_core(lab09_namespace):
     cells, ns = lab09_namespace
     decode = pick(cells, "CONTEXTS = [256, 1024")
-    diffusion_cell = pick(cells, "PROMPTS = [")
+    quality_cell = pick(cells, "PROMPTS = [")
+    latency_cell = pick(cells, "# latency of 64 tokens")
     runs = []
     with competing_cpu_load():
         for i in range(RUNS):
             exec(compile(decode, "09 decode", "exec"), ns)
             run = {"growth": dict(ns["growth"])}
-            if i < 2:             # the diffusion cell: greedy, so only its latencies vary
-                exec(compile(diffusion_cell, "09 diffusion", "exec"), ns)
-                run["latency"] = dict(ns["latency"])
+            if i == 0:            # sampled with fixed seeds: the judge's figures do not vary
+                exec(compile(quality_cell, "09 diffusion quality", "exec"), ns)
                 run["quality"] = {s: ns["median"](q) for s, q in ns["quality"].items()}
+            if i < 2:
+                exec(compile(latency_cell, "09 diffusion latency", "exec"), ns)
+                run["latency"] = dict(ns["latency"])
             runs.append(run)
     for i, r in enumerate(runs):
         print(f"\nlab 09 run {i}: {r}")
@@ -258,5 +261,6 @@ def test_lab09_measurements_hold_with_a_busy_core(lab09_namespace):
             assert max(lat["diffusion, 8 passes"], lat["diffusion, 4 passes"]) < ar, where
             assert ar < min(lat["diffusion, 64 passes"], lat["diffusion, 32 passes"]), where
             assert 0.8 < lat["diffusion, 16 passes"] / ar < 2.0, where
+        if "quality" in r:
             q = r["quality"]          # judge perplexity rises with the tokens per pass
             assert q[64] < q[16] < q[4], where
