@@ -3,15 +3,16 @@
     (a) the source notebook itself            -> full points on every autograded cell,
                                                  and it runs top to bottom in < 180 s
     (b) the untouched student version         -> zero on every autograded cell, no crash
-    (c) labs/NN_topic/wrong_submission.json   -> the listed cells lose points (the student's
-                                                 code cells after the last listed one are
-                                                 not run: they cannot change its verdict)
+    (c) labs/NN_topic/wrong_submission.json   -> the listed cells lose points
+
+(b) and (c) run their notebook up to the last cell they check (the last autograded code cell,
+the last listed cell): the student's own code cells after it are not run, since they cannot
+change its verdict, and the lab's slowest measurements are not run once more.
 
 All of it happens in one temporary course (a copy of nbgrader_config.py and labs/), so the
-repository's build/ is never touched. Each source notebook is executed for (a), and up to
-its last listed cell for (c); (b) fails fast. A tiny dummy lab, built here, runs through the
-same steps and through the command line (`grade` with crashing / hanging submissions,
-`selfgrade`, feedback, CSV).
+repository's build/ is never touched. Each source notebook is executed once whole, for (a);
+(b) fails fast. A tiny dummy lab, built here, runs through the same steps and through the
+command line (`grade` with crashing / hanging submissions, `selfgrade`, feedback, CSV).
 """
 from __future__ import annotations
 
@@ -99,17 +100,23 @@ def wrong_notebook(lab_dir: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def without_the_tail(nb: nbformat.NotebookNode, expect_lost: list) -> nbformat.NotebookNode:
-    """(c) checks only the cells up to the last one in `expect_lost`, and nothing a notebook runs
-    later can change their verdicts: the student's own code cells after it (measurements,
-    plots) become a comment, so (c) does not run a lab's slowest part twice. The nbgrader cells
-    after it stay (the grader restores locked ones anyway) and run as they would."""
+def without_the_tail(nb: nbformat.NotebookNode, up_to: list, why: str) -> nbformat.NotebookNode:
+    """The notebook as graded up to the last cell of `up_to` (grade ids): nothing a notebook runs
+    later can change those cells' verdicts, so the student's own code cells after it
+    (measurements, plots) become a comment and a lab's slowest part is not run once more. The
+    nbgrader cells after it stay (the grader restores locked ones anyway) and run as they
+    would."""
     ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
-    last = max(ids.index(g) for g in expect_lost)
+    last = max(ids.index(g) for g in up_to)
     for cell in nb.cells[last + 1:]:
         if cell.cell_type == "code" and not cell.metadata.get("nbgrader"):
-            cell.source = "# not run in tests/test_pipeline.py's (c): after the last listed cell"
+            cell.source = f"# not run in tests/test_pipeline.py's {why}"
     return nb
+
+
+def autograded_code_cells(nb: nbformat.NotebookNode) -> list:
+    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
 
 
 class Pipeline:
@@ -142,9 +149,12 @@ class Pipeline:
             elif student == "release":
                 nb = nbformat.read(str(self.course.release_dir(lab) / f"{lab}.ipynb"),
                                    as_version=4)
+                nb = without_the_tail(nb, autograded_code_cells(nb),
+                                      "(b): after the last autograded cell")
             elif student == "wrong":
                 spec = json.loads((src / "wrong_submission.json").read_text())
-                nb = without_the_tail(wrong_notebook(src), spec["expect_lost"])
+                nb = without_the_tail(wrong_notebook(src), spec["expect_lost"],
+                                      "(c): after the last listed cell")
             else:
                 raise ValueError(student)
             self.submit(student, lab, nb)
