@@ -64,6 +64,7 @@ def _corpus_words() -> set[str]:
     return set(re.findall(r"[a-z]+", load_text("train").lower()))
 
 
+@pytest.mark.slow    # samples from the shipped model and reads the whole corpus: make test
 def test_generation_reads_like_the_corpus(target, tok):
     words = _corpus_words()
     params = SamplingParams(temperature=0.8, top_k=50, max_new_tokens=120, seed=0)
@@ -103,6 +104,7 @@ def test_lab09_held_out_figures(tok):
     assert bound < 6.0, bound
 
 
+@pytest.mark.slow    # samples from the shipped hybrid and diffusion models: make test
 def test_lab09_models_write_text_like_the_corpus(tok):
     """The hybrid writes like the target; the diffusion model, far weaker (its held-out bound is
     ~8x the target's perplexity, lab 09), writes mostly corpus words between many line breaks."""
