@@ -75,11 +75,8 @@ def bench_shape(N: int, K: int, batches, group: int, timer: Timer, copy_gbps: fl
         moved = {"bf16": nbytes(W, x) + y_bytes, "w8a16": nbytes(q8, s8, x) + y_bytes,
                  "w4a16": nbytes(q4, s4, z4, x) + y_bytes}
         t = timer.run(fns, warmup, repeats)
-        for name, r in timer.late_calls().items():
-            print(f"warning: {name} {N}x{K} M={M}: {r['late']:.0%} of the calls were launched "
-                  f"after their start event (median slack {r['median_slack_s'] * 1e6:.0f} "
-                  f"us): its time may hold CPU launch time",
-                  flush=True)
+        if warning := timer.late_warning(f"{N}x{K} M={M}"):
+            print(warning, flush=True)
         for name in fns:
             gbps = moved[name] / t[name] / 1e9
             rows.append({"N": N, "K": K, "M": M, "kernel": name, "time_us": t[name] * 1e6,

@@ -72,10 +72,8 @@ def time_configs(kind, launch, want, baselines: dict, timer, repeats, label, log
         fns[name(cfg)] = (lambda cfg=cfg: launch(cfg))
     t = timer.run(fns, 5, repeats)
     late = timer.late_calls()
-    if late:
-        log(f"{label}: launched after their start event (times may hold CPU launch time): "
-            + "; ".join(f"{k} {r['late']:.0%} (median slack {r['median_slack_s'] * 1e6:.0f} us)"
-            for k, r in late.items()))
+    if warning := timer.late_warning(label):
+        log(warning)
     base = t["cublas_bf16"]
     ranked = sorted((k for k in t if k not in baselines), key=t.get)
     row = {"label": label, "us": {k: round(v * 1e6, 2) for k, v in t.items()},

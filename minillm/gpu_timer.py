@@ -33,6 +33,7 @@ class Timer:
         self.max_sleep_cycles = 16 * self.sleep_cycles
         self.warmup_s = float(os.environ.get("BENCH_WARMUP_S", 0.3))
         self.first_warmup_s = first_warmup_s   # the first run also waits for the clock to rise
+        self.launch_report: dict = {}          # the last timed rounds' launch check, per name
         if self.cuda:
             self.flush_buf = torch.ones(256 * 2**20 // 4, dtype=torch.float32, device=device)
 
@@ -116,8 +117,17 @@ class Timer:
         """{name: report} of the functions of the last timed rounds more than `threshold` of whose
         calls were launched after their start event fired (their medians may hold CPU launch
         time); `median_slack_s`: how long before its start event a call was queued (median)."""
-        return {k: v for k, v in getattr(self, "launch_report", {}).items()
-                if v["late"] > threshold}
+        return {k: v for k, v in self.launch_report.items() if v["late"] > threshold}
+
+    def late_warning(self, label: str) -> str | None:
+        """One line naming the functions `late_calls` reports, or None: for the benchmarks."""
+        late = self.late_calls()
+        if not late:
+            return None
+        return (f"warning: {label}: launched after their start event, so their times may hold "
+                f"CPU launch time: " + "; ".join(
+                    f"{k} {r['late']:.0%} of the calls (median slack "
+                    f"{r['median_slack_s'] * 1e6:.0f} us)" for k, r in late.items()))
 
 
 def copy_bandwidth(device: torch.device | str = "cuda", nbytes_: int = 2**30,

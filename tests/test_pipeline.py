@@ -83,12 +83,19 @@ def write_dummy_lab(folder: Path) -> None:
 
 
 # --- submissions --------------------------------------------------------------------------------
-def wrong_notebook(lab_dir: Path) -> nbformat.NotebookNode:
-    """The source notebook with labs/NN/wrong_submission.json's replacements applied."""
+def wrong_spec(lab_dir: Path) -> dict:
+    """labs/NN/wrong_submission.json: description, replacements, expect_lost."""
     spec_path = lab_dir / "wrong_submission.json"
     assert spec_path.is_file(), f"{spec_path} is missing: every lab describes a wrong submission"
     spec = json.loads(spec_path.read_text())
     assert spec.get("replacements") and spec.get("expect_lost"), f"{spec_path} is incomplete"
+    return spec
+
+
+def wrong_notebook(lab_dir: Path) -> nbformat.NotebookNode:
+    """The source notebook with labs/NN/wrong_submission.json's replacements applied."""
+    spec_path = lab_dir / "wrong_submission.json"
+    spec = wrong_spec(lab_dir)
     nb = nbformat.read(str(lab_dir / f"{lab_dir.name}.ipynb"), as_version=4)
     cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
     for rep in spec["replacements"]:
@@ -152,8 +159,7 @@ class Pipeline:
                 nb = without_the_tail(nb, autograded_code_cells(nb),
                                       "(b): after the last autograded cell")
             elif student == "wrong":
-                spec = json.loads((src / "wrong_submission.json").read_text())
-                nb = without_the_tail(wrong_notebook(src), spec["expect_lost"],
+                nb = without_the_tail(wrong_notebook(src), wrong_spec(src)["expect_lost"],
                                       "(c): after the last listed cell")
             else:
                 raise ValueError(student)
