@@ -26,8 +26,9 @@ lab: $(STAMP)
 		--notebook-dir=build/release $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 # Two pytest-xdist workers (the CI machine has 2 cores); a lab's notebook runs, the browser
-# module and the speed checks are grouped so each group stays on one worker. TEST_WORKERS=0
-# runs everything in one process.
+# module and the speed checks are grouped so each group stays on one worker. Each worker, and
+# every process it starts, gets its share of the cores for torch's threads and Inductor's compile
+# workers (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: lint

@@ -90,7 +90,7 @@ MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-")
 # Copied from the grader's environment into the sandbox when set (threading, triton's CPU mode).
 PASSTHROUGH_ENV = ("TRITON_INTERPRET", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                    "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-                   "TZ")
+                   "TORCHINDUCTOR_COMPILE_THREADS", "TZ")
 MAX_IPC_PATH = 100            # sockaddr_un.sun_path is 108 bytes; jupyter appends "-<port>"
 
 

@@ -167,9 +167,10 @@ def cmd_bench_quant(a) -> int:
                          f"{len(prompt)} tokens")
     r = {"model": a.model, **bench_quant(model, prompt, new_tokens=a.new_tokens,
                                          repeats=a.repeats, group_size=a.group_size,
-                                         threads=a.threads)}
+                                         threads=a.threads, compiled=a.step == "compiled")}
     return _report(a, r, lambda r: "\n".join(
-        [f"{r['model']}, batch 1, {r['threads']} thread(s), {r['new_tokens']} tokens after a "
+        [f"{r['model']}, {r['step']} step, batch 1, {r['threads']} thread(s), "
+         f"{r['new_tokens']} tokens after a "
          f"{r['prompt_len']}-token prompt; reads at {r['read_gb_s']:.1f} GB/s"] +
         [f"{n:>5}: {r[f'{n}_tok_s']:7.1f} tok/s"
          + (f" = {r[f'{n}_vs_fp32']:.2f}x fp32" if n != "fp32" else " (baseline)   ")
@@ -492,6 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--new-tokens", type=int, default=256)
     bq.add_argument("--repeats", type=int, default=5)
     bq.add_argument("--group-size", type=int, default=64, help="int4 group size (32, 64, 128)")
+    bq.add_argument("--step", choices=("compiled", "packed"), default="compiled",
+                    help="each format's batch-1 step: one function compiled by torch.compile "
+                         "(minillm.compiled_decode; compiles on first use, cached on disk) or "
+                         "op by op (minillm.fast_decode.PackedDecoder; no compiler)")
     bq.set_defaults(func=cmd_bench_quant)
 
     bs = bsub.add_parser("speculative", parents=[run], help="speculative vs plain greedy decoding")

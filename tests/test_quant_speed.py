@@ -88,8 +88,11 @@ def test_first_divergence():
 
 @pytest.mark.slow
 def test_bench_quant_reports_every_format():
+    # the report, on the packed steps: on a cold Inductor cache compiling four formats is over a
+    # minute; the compiled steps are checked above and the CLI's bench (make test) runs them
     m = tiny()
-    r = bench_quant(m, list(range(1, 9)), new_tokens=6, repeats=1)
+    r = bench_quant(m, list(range(1, 9)), new_tokens=6, repeats=1, compiled=False)
+    assert r["step"] == "packed"
     assert set(r["model_bytes"]) == set(FORMATS) == set(r["bytes_per_token"])
     b = r["model_bytes"]
     assert b["fp32"] == 2 * b["bf16"] > b["bf16"] > b["int8"] > b["int4"]

@@ -341,3 +341,14 @@ def test_bwrap_argv(tmp_path, monkeypatch):
     setenv = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--setenv"}
     assert setenv == spec.env and SECRET not in setenv
     assert setenv["PATH"].split(":")[0] == str(Path(sys.prefix).absolute() / "bin")
+
+
+def test_thread_settings_reach_the_kernel_and_nothing_else(monkeypatch):
+    """The grader's share of the cores (torch's threads, Inductor's compile workers) is the
+    kernel's too; its other variables are not."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    monkeypatch.setenv(SECRET, SECRET_VALUE)
+    env = default_env(Path("/tmp/home"))
+    assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    assert SECRET not in env and SECRET_VALUE not in env.values()
