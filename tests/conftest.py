@@ -11,10 +11,12 @@ import pytest
 # Under pytest-xdist each worker gets its share of the cores, and so do the processes it starts
 # (notebook kernels, sandboxes, JupyterLab, the CLI):
 # * torch's intra-op threads: two workers each running torch with one thread per core
-#   oversubscribe the machine, and the threads then wait on each other (a small model's training
-#   step measured 6x slower against a second such process than on one thread);
-# * Inductor's compile workers: with one core to spare, a pool of compile processes costs more
-#   than it saves (a cold compile of the draft's fused step measured about 20 % faster without).
+#   oversubscribe the machine, and the threads then wait on each other;
+# * Inductor's compile workers: beside a busy neighbour, a pool of compile processes costs more
+#   than it saves.
+# benchmarks/thread_share.py measures both: lab 09's recall training took 2.7x as long on two
+# threads as on one beside a second process, and a cold compile of the draft's fused step 1.2x
+# as long with Inductor's default pool as with one compile process.
 # Set before torch is imported; a value already in the environment wins.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
 if _WORKERS > 1:
