@@ -128,8 +128,13 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
     jobs = [_jobs.build_job(course, student, lab, cell_timeout=cell_timeout,
                             notebook_timeout=notebook_timeout, mem_bytes=mem, sandbox=sandbox)
             for student, lab, _ in subs]
+    threads = {} if scheduler else _jobs.share_of_cores(workers)
+    for job in jobs:
+        job["limits"]["thread_env"] = threads
     where = f"on the Dask cluster at {scheduler}" if scheduler else \
-        f"{workers} at a time on this machine"
+        f"{workers} at a time on this machine" + \
+        (f" ({threads['OMP_NUM_THREADS']} torch thread(s) each)" if "OMP_NUM_THREADS" in threads
+         else "")
     log(f"executing {len(jobs)} submission(s), {where} ...")
     from .distribute import run_jobs
     results = run_jobs(_jobs.execute_job, jobs, workers=workers, scheduler=scheduler, log=log)

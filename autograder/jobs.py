@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
 import shutil
 import sys
@@ -36,6 +37,20 @@ MAX_EXTRA_BYTES = 20 << 20          # the student's own files beside the noteboo
 MAX_CELL_OUTPUT = 1 << 20           # characters of output kept per cell
 JOB_MARGIN_S = 120                  # kernel start-up and shut-down around the notebook limit
 SEAL_FILE = ".autograder_sealed.json"
+
+
+# The grader's share of the cores for each of `grade --jobs N`'s jobs (the sandbox passes these
+# through): without it, N kernels each run torch, and Inductor's compile pool, on every core.
+THREAD_ENV = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
+
+
+def share_of_cores(workers: int) -> dict[str, str]:
+    """{variable: cores // workers (at least 1)} for each THREAD_ENV variable the grader's own
+    environment does not set (a value the instructor sets wins); {} for one worker."""
+    if workers <= 1:
+        return {}
+    share = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    return {name: share for name in THREAD_ENV if name not in os.environ}
 
 
 class JobError(Exception):
@@ -159,8 +174,10 @@ def execute_job(job: dict) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="autograder_job_"))
     try:
         (tmp / "job.json").write_text(json.dumps(job))
+        threads = lim.get("thread_env") or {}
         r = run_logged([sys.executable, "-m", "autograder.jobs", str(tmp)], cwd=tmp,
-                       log=tmp / "job.log", timeout=wall, mem_bytes=lim.get("mem_bytes"))
+                       log=tmp / "job.log", timeout=wall, mem_bytes=lim.get("mem_bytes"),
+                       env={**os.environ, **threads} if threads else None)
         log = r.output[-6000:]
         if r.timed_out:
             return {"error": f"killed after {wall:.0f} s", "killed": True,
