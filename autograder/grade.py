@@ -10,9 +10,10 @@ registered; then, per submission (autograder/jobs.py):
 
 1. the grader builds a job: the notebook with its locked cells restored from the gradebook, the
    lab's released assets, the limits;
-2. the jobs are executed, `--jobs N` at a time on this machine or on the workers of a Dask
-   cluster (`--scheduler tcp://HOST:PORT`), each in a limited child process whose kernel runs
-   in a sandbox (autograder/sandbox.py) with the locked cells sealed (autograder/sealed.py);
+2. the jobs are executed, `--jobs N` at a time on this machine (each on CPUs of its own:
+   autograder/cores.py) or on the workers of a Dask cluster (`--scheduler tcp://HOST:PORT`),
+   each in a limited child process whose kernel runs in a sandbox (autograder/sandbox.py) with
+   the locked cells sealed (autograder/sealed.py);
 3. the grader alone records each result with `nbgrader autograde` (replaying the executed
    notebook) into the gradebook, one submission at a time, in the order found.
 
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 from . import jobs as _jobs
+from .cores import CoreSlots, share_of_cores
 from .course import STUDENT_RE, Course
 from .processes import default_mem_bytes, memory_limit_works
 from .records import GradeRecord
@@ -128,16 +130,22 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
     jobs = [_jobs.build_job(course, student, lab, cell_timeout=cell_timeout,
                             notebook_timeout=notebook_timeout, mem_bytes=mem, sandbox=sandbox)
             for student, lab, _ in subs]
-    threads = {} if scheduler else _jobs.share_of_cores(workers)
+    threads = {} if scheduler else share_of_cores(workers)
     for job in jobs:
         job["limits"]["thread_env"] = threads
-    where = f"on the Dask cluster at {scheduler}" if scheduler else \
-        f"{workers} at a time on this machine" + \
-        (f" ({threads['OMP_NUM_THREADS']} torch thread(s) each)" if "OMP_NUM_THREADS" in threads
-         else "")
+    execute, where = _jobs.execute_job, f"on the Dask cluster at {scheduler}"
+    if not scheduler:
+        where = f"{workers} at a time on this machine"
+        if "OMP_NUM_THREADS" in threads:
+            where += f", {threads['OMP_NUM_THREADS']} torch thread(s) each"
+        if workers > 1:
+            slots = CoreSlots(workers)
+            execute = _jobs.execute_on_own_cores(slots)
+            where += (", each on CPUs of its own: " if slots.disjoint else
+                      ", more jobs than cores, so some share CPUs: ") + slots.describe()
     log(f"executing {len(jobs)} submission(s), {where} ...")
     from .distribute import run_jobs
-    results = run_jobs(_jobs.execute_job, jobs, workers=workers, scheduler=scheduler, log=log)
+    results = run_jobs(execute, jobs, workers=workers, scheduler=scheduler, log=log)
     log(f"executed in {time.monotonic() - t0:.0f} s; recording the grades ...")
 
     records = []

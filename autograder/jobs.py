@@ -11,6 +11,8 @@
                                       cells sealed (autograder/sealed.py), and returns the
                                       executed notebooks and a report. It never sees the
                                       gradebook, the instructor's notebooks or other jobs.
+                                      `execute_on_own_cores(slots)` pins each running job to
+                                      CPUs of its own (`grade --jobs N`, autograder/cores.py).
     record(course, job, result)       grader: `nbgrader autograde` replays the executed
                                       notebooks (ReplayExecute), so nbgrader scores them and
                                       writes the gradebook; returns the GradeRecord.
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import secrets
 import shutil
 import sys
@@ -37,20 +38,6 @@ MAX_EXTRA_BYTES = 20 << 20          # the student's own files beside the noteboo
 MAX_CELL_OUTPUT = 1 << 20           # characters of output kept per cell
 JOB_MARGIN_S = 120                  # kernel start-up and shut-down around the notebook limit
 SEAL_FILE = ".autograder_sealed.json"
-
-
-# The grader's share of the cores for each of `grade --jobs N`'s jobs (the sandbox passes these
-# through): without it, N kernels each run torch, and Inductor's compile pool, on every core.
-THREAD_ENV = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
-
-
-def share_of_cores(workers: int) -> dict[str, str]:
-    """{variable: cores // workers (at least 1)} for each THREAD_ENV variable the grader's own
-    environment does not set (a value the instructor sets wins); {} for one worker."""
-    if workers <= 1:
-        return {}
-    share = str(max(1, len(os.sched_getaffinity(0)) // workers))
-    return {name: share for name in THREAD_ENV if name not in os.environ}
 
 
 class JobError(Exception):
@@ -165,7 +152,7 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
 def execute_job(job: dict) -> dict:
     """Run the job in a child process under the job's limits; never raises. This is the
     function `grade --jobs N` runs N at a time and `grade --scheduler` ships to Dask workers."""
-    from .processes import run_logged
+    from .processes import run_logged, subprocess_env
     if job.get("rejected"):
         return {"error": job["rejected"]}
     lim = job["limits"]
@@ -177,7 +164,7 @@ def execute_job(job: dict) -> dict:
         threads = lim.get("thread_env") or {}
         r = run_logged([sys.executable, "-m", "autograder.jobs", str(tmp)], cwd=tmp,
                        log=tmp / "job.log", timeout=wall, mem_bytes=lim.get("mem_bytes"),
-                       env={**os.environ, **threads} if threads else None)
+                       env=subprocess_env(threads) if threads else None, cpus=lim.get("cpus"))
         log = r.output[-6000:]
         if r.timed_out:
             return {"error": f"killed after {wall:.0f} s", "killed": True,
@@ -193,6 +180,15 @@ def execute_job(job: dict) -> dict:
         return {"error": f"{type(e).__name__}: {e}"}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def execute_on_own_cores(slots):
+    """execute_job, each running job pinned to a CPU set of `slots` (a cores.CoreSlots) that no
+    other running job has: what `grade --jobs N` runs on this machine."""
+    def execute_job_on_own_cores(job: dict) -> dict:
+        with slots.take() as cpus:
+            return execute_job({**job, "limits": {**job["limits"], "cpus": cpus}})
+    return execute_job_on_own_cores
 
 
 # --- the job's own process ------------------------------------------------------------------

@@ -10,7 +10,8 @@ session with
     and thread stacks make and break `import torch` / CUDA init on big machines. Before the first
     use, a probe imports torch (and initialises CUDA when present) under the limit; if the probe
     fails, grading continues without the limit and says so;
-  * RLIMIT_FSIZE (no file over 1 GiB) and RLIMIT_CORE = 0.
+  * RLIMIT_FSIZE (no file over 1 GiB) and RLIMIT_CORE = 0;
+  * with `grade --jobs N`, CPUs of its own (sched_setaffinity; autograder/cores.py).
 A submission that crashes, hangs or is killed scores zero for every test that did not pass.
 """
 from __future__ import annotations
@@ -58,9 +59,11 @@ def subprocess_env(extra: dict | None = None) -> dict:
 
 
 # --- limits --------------------------------------------------------------------------
-def limits_preexec(mem_bytes: int | None):
+def limits_preexec(mem_bytes: int | None, cpus: list[int] | None = None):
     def apply():
         import resource
+        if cpus:
+            os.sched_setaffinity(0, cpus)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, FSIZE_LIMIT))
         if mem_bytes:
@@ -103,8 +106,10 @@ class RunResult:
 
 
 def run_logged(cmd: list[str], *, cwd: Path, log: Path | None = None, timeout: float | None = None,
-               mem_bytes: int | None = None, env: dict | None = None) -> RunResult:
-    """Run `cmd` in its own session with limits; output to `log` (or a temporary file)."""
+               mem_bytes: int | None = None, env: dict | None = None,
+               cpus: list[int] | None = None) -> RunResult:
+    """Run `cmd` in its own session with limits, on `cpus` only when given (autograder/cores.py);
+    output to `log` (or a temporary file)."""
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         fh = open(log, "w+b")
@@ -115,7 +120,8 @@ def run_logged(cmd: list[str], *, cwd: Path, log: Path | None = None, timeout: f
     with fh:
         proc = subprocess.Popen(cmd, cwd=str(cwd), stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env or subprocess_env(),
-                                start_new_session=True, preexec_fn=limits_preexec(mem_bytes))
+                                start_new_session=True,
+                                preexec_fn=limits_preexec(mem_bytes, cpus))
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

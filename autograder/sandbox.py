@@ -43,11 +43,14 @@ What it does not guarantee:
 
 * no resource limits: memory, CPU time, processes, disk space in workdir and in the tmpfs /tmp
   (which is memory) are bounded only by what the caller sets around it (rlimits inherited by
-  bwrap, cgroups). The sandbox only makes the kernel's processes easy to kill;
+  bwrap, the CPUs it is pinned to, cgroups). The sandbox only makes the kernel's processes easy
+  to kill, and keeps them on the CPUs they started on (below);
 * the sandbox's user is the grader's user (mapped to the same uid), so the read-only binds are
   readable to the extent that user can read them: keep secrets out of ro_paths, and run the
   grader as an unprivileged user;
-* no seccomp filter: the whole system-call surface of the host kernel is reachable (a kernel
+* system calls: a seccomp filter (autograder/syscall_filter.py) refuses only sched_setaffinity
+  (so a kernel stays on the CPUs `grade --jobs N` pinned it to: autograder/cores.py) and calls
+  through another ABI; the rest of the host kernel's system-call surface is reachable (a kernel
   exploit escapes any namespace sandbox);
 * no GPU: /dev holds only null, zero, full, random, urandom, tty, pts and shm; CUDA device
   nodes (/dev/nvidia*) and /sys are not bound;
@@ -66,6 +69,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -79,6 +83,7 @@ import psutil
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Instance
 
+from . import syscall_filter
 from .processes import KERNEL_MPLBACKEND, package_parent
 
 __all__ = ["SandboxSpec", "SandboxKernelManager", "bwrap_path", "sandbox_unavailable_reason",
@@ -121,16 +126,21 @@ def sandbox_unavailable_reason() -> str | None:
     exe = bwrap_path()
     if exe is None:
         return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    if not syscall_filter.supported():
+        return f"no seccomp filter for this machine's architecture ({platform.machine()})"
     argv = [exe, *_namespace_args()]
     for d in ("/usr", "/bin", "/lib", "/lib64"):
         argv += _symlink_or_bind(d)
+    fd = syscall_filter.filter_fd()
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--remount-ro", "/",
-             "--", "true"]
+             "--seccomp", str(fd), "--", "true"]
     try:
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=20, env={"PATH": "/usr/bin:/bin"})
+                           timeout=20, env={"PATH": "/usr/bin:/bin"}, pass_fds=(fd,))
     except (OSError, subprocess.SubprocessError) as e:
         return f"bwrap could not be run: {e}"
+    finally:
+        os.close(fd)
     if r.returncode == 0:
         return None
     err = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
@@ -245,12 +255,16 @@ def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def bwrap_argv(spec: SandboxSpec, cmd: list[str]) -> list[str]:
-    """The command that runs `cmd` inside the sandbox `spec` describes (see the module doc)."""
+def bwrap_argv(spec: SandboxSpec, cmd: list[str], seccomp_fd: int | None = None) -> list[str]:
+    """The command that runs `cmd` inside the sandbox `spec` describes (see the module doc);
+    `seccomp_fd`: a descriptor holding syscall_filter.program(), which bwrap installs (the
+    caller passes it to bwrap, e.g. with pass_fds). SandboxKernelManager always gives one."""
     exe = bwrap_path()
     if exe is None:
         raise RuntimeError(sandbox_unavailable_reason() or "bwrap is not installed")
     argv = [exe, *_namespace_args(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     bound: list[Path] = []
     for p in spec.ro_paths:
         if any(_under(p, b) for b in bound):
@@ -313,6 +327,7 @@ class SandboxKernelManager(AsyncKernelManager):
         self.cache_ports = False
         self._active_spec: SandboxSpec | None = None
         self._own_runtime_dir: Path | None = None
+        self._filter_fd: int | None = None
 
     @classmethod
     def with_sandbox(cls, spec: SandboxSpec) -> type[SandboxKernelManager]:
@@ -355,14 +370,32 @@ class SandboxKernelManager(AsyncKernelManager):
                                f"use a shorter runtime_dir")
         kw["cwd"] = str(spec.workdir)             # the host-side cwd of bwrap itself
         kw["env"] = dict(self._active_spec.env)   # bwrap's own environment (see module doc)
-        return await super()._async_pre_start_kernel(**kw)
+        self._close_filter()
+        self._filter_fd = syscall_filter.filter_fd()      # read by bwrap --seccomp at start
+        kw["pass_fds"] = (self._filter_fd,)
+        try:
+            return await super()._async_pre_start_kernel(**kw)
+        except BaseException:
+            self._close_filter()
+            raise
 
     pre_start_kernel = _async_pre_start_kernel
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
         assert self._active_spec is not None
-        return bwrap_argv(self._active_spec, cmd)
+        return bwrap_argv(self._active_spec, cmd, seccomp_fd=self._filter_fd)
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        try:
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+        finally:
+            self._close_filter()                  # bwrap has its own copy (or failed)
+
+    def _close_filter(self) -> None:
+        if self._filter_fd is not None:
+            os.close(self._filter_fd)
+            self._filter_fd = None
 
     # the kernel process inside ----------------------------------------------------------------
     def _bwrap_pid(self) -> int | None:

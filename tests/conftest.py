@@ -18,11 +18,11 @@ import pytest
 # threads as on one beside a second process, and a cold compile of the draft's fused step 1.2x
 # as long with Inductor's default pool as with one compile process.
 # Set before torch is imported; a value already in the environment wins.
+# The share is `grade --jobs N`'s (autograder.cores imports no torch).
+from autograder.cores import share_of_cores  # noqa: E402
+
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
-if _WORKERS > 1:
-    _SHARE = max(1, len(os.sched_getaffinity(0)) // _WORKERS)
-    os.environ.setdefault("OMP_NUM_THREADS", str(_SHARE))
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(_SHARE))
+os.environ.update(share_of_cores(_WORKERS))
 
 import torch  # noqa: E402
 

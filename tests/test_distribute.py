@@ -334,31 +334,33 @@ def test_grading_two_at_a_time_and_on_dask_gives_the_grades_of_one_at_a_time(clu
     assert grades(scheduler=cluster.address) == one
 
 
-def test_each_local_job_gets_its_share_of_the_cores(monkeypatch, tmp_path):
+def test_each_local_job_gets_its_share_of_the_cores(monkeypatch):
     """`grade --jobs N`: each job process (and the kernel, through the sandbox's pass-through)
-    gets cores // N torch threads and compile workers, unless the grader's environment sets
-    them; one job at a time changes nothing."""
-    from autograder import jobs, processes
-    for name in jobs.THREAD_ENV:
+    gets cores // N torch threads and compile workers (autograder/cores.py, tested in
+    tests/test_cores.py) on top of the grader's environment, and the CPUs it is lent; one job
+    at a time changes nothing."""
+    from autograder import cores, jobs, processes
+    for name in cores.THREAD_ENV:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(jobs.os, "sched_getaffinity", lambda pid: set(range(4)))
-    assert jobs.share_of_cores(1) == {}
-    assert jobs.share_of_cores(2) == dict.fromkeys(jobs.THREAD_ENV, "2")
-    assert jobs.share_of_cores(8) == dict.fromkeys(jobs.THREAD_ENV, "1")
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: set(range(4)))
     monkeypatch.setenv("OMP_NUM_THREADS", "3")                  # the instructor's choice wins
-    assert jobs.share_of_cores(2) == {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
-
     seen = []
 
-    def fake_run_logged(cmd, *, env=None, **kw):
-        seen.append(env)
+    def fake_run_logged(cmd, *, env=None, cpus=None, **kw):
+        seen.append((env, cpus))
         return processes.RunResult(cmd=cmd, returncode=1, seconds=0.0, timed_out=False,
                                    log=None, output="")
     monkeypatch.setattr(processes, "run_logged", fake_run_logged)
     job = {"notebooks": {"x": "{}"}, "limits": {"notebook_timeout": 10,
-                                                "thread_env": jobs.share_of_cores(2)}}
+                                                "thread_env": cores.share_of_cores(2)}}
     assert "error" in jobs.execute_job(job)
-    assert seen[-1]["TORCHINDUCTOR_COMPILE_THREADS"] == "2" and seen[-1]["OMP_NUM_THREADS"] == "3"
+    env, cpus = seen[-1]
+    assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "2" and env["OMP_NUM_THREADS"] == "3"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(processes.package_parent()) and \
+        env["MPLBACKEND"] == processes.KERNEL_MPLBACKEND, "the grader's job environment is lost"
+    assert cpus is None
+    jobs.execute_on_own_cores(cores.CoreSlots(2, [[0, 1], [2, 3]]))(job)
+    assert seen[-1][1] == [0, 1]
     job["limits"]["thread_env"] = {}
     jobs.execute_job(job)
-    assert seen[-1] is None                                     # the grader's environment
+    assert seen[-1] == (None, None)                            # the grader's environment                                     # the grader's environment

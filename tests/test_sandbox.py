@@ -99,6 +99,17 @@ def environs():
 def connect(port):
     with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
         return "connected"
+def widen():
+    os.sched_setaffinity(0, range(os.cpu_count()))
+    return "widened"
+def other_abi():
+    """getpid through x86_64's x32 ABI (its number + 0x40000000): errno's name, or the pid."""
+    import ctypes, errno, platform
+    if platform.machine() != "x86_64":
+        return "EPERM (no second ABI on " + platform.machine() + ")"
+    libc = ctypes.CDLL(None, use_errno=True)
+    r = libc.syscall(0x40000000 | 39)
+    return errno.errorcode.get(ctypes.get_errno(), "?") if r == -1 else r
 '''
 
 DAEMONS = r'''
@@ -162,6 +173,10 @@ def probe_run(tmp_path_factory):
         "write_pkg": f"lambda: write({str(REPO / 'minillm' / 'sbx-write.txt')!r})",
         "write_tmp": f"lambda: write({str(host_tmp)!r})",
         "write_work": f"lambda: write({str(spec.workdir / 'out.txt')!r})",
+        "affinity": "lambda: sorted(os.sched_getaffinity(0))",
+        "widen": "widen",
+        "other_abi": "other_abi",
+        "getpid": "os.getpid",
     }
     sources = [PROBE] + [f"probe({k!r}, {v})" for k, v in checks.items()]
     sources += [DAEMONS.replace("{marker}", marker), "import time; time.sleep(0.5)"]
@@ -232,6 +247,15 @@ def test_own_pid_namespace(probe_run):
     assert str(os.getpid()) not in pids
     assert "1" in pids and len(pids) < 10, pids
     assert probe_run["pid1_cmdline"] != probe_run["host_pid1_cmdline"]
+
+
+def test_the_kernel_cannot_leave_its_cpus(probe_run):
+    """The seccomp filter (autograder/syscall_filter.py): sched_setaffinity and system calls
+    through another ABI are refused; reading the affinity and other calls still work."""
+    assert probe_run["affinity"] == sorted(os.sched_getaffinity(0))
+    assert probe_run["widen"] == "raised PermissionError"
+    assert probe_run["other_abi"].startswith("EPERM"), probe_run["other_abi"]
+    assert probe_run["getpid"] > 1
 
 
 def test_grader_environment_does_not_leak(probe_run):
@@ -341,6 +365,24 @@ def test_bwrap_argv(tmp_path, monkeypatch):
     setenv = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--setenv"}
     assert setenv == spec.env and SECRET not in setenv
     assert setenv["PATH"].split(":")[0] == str(Path(sys.prefix).absolute() / "bin")
+
+
+def test_the_filter_program_for_each_architecture():
+    """The BPF program as bwrap reads it: the native ABI checked first, the refused calls by
+    their numbers, EPERM last (x86_64: 203 and the x32 bit; aarch64: 122)."""
+    import struct
+
+    from autograder import syscall_filter
+    for machine, arch, nr, n in [("x86_64", 0xC000003E, 203, 7), ("aarch64", 0xC00000B7, 122, 6)]:
+        prog = syscall_filter.program(machine)
+        code = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+        assert len(code) == n, code
+        assert code[0] == (0x20, 0, 0, 4) and code[1] == (0x15, 0, n - 3, arch)
+        assert code[-1] == (0x06, 0, 0, 0x00050001) and code[-2] == (0x06, 0, 0, 0x7FFF0000)
+        assert (0x15, 1, 0, nr) == code[-3]
+        assert ((0x35, 2, 0, 0x40000000) in code) == (machine == "x86_64")
+    with pytest.raises(RuntimeError, match="no seccomp filter for the riscv64"):
+        syscall_filter.program("riscv64")
 
 
 def test_thread_settings_reach_the_kernel_and_nothing_else(monkeypatch):

@@ -12,7 +12,8 @@ kernel); the hidden tests (history, file system, the test's frame); delegating t
 reference; the helpers the tests call (patched, rebound, state the integrity check does not
 snapshot); IPython's machinery; the sealed-cell hook (refused primitives, an audit hook of the
 notebook's own, code re-entering the hook, reading the kernel's memory, threads and signals);
-escaping the sandbox (files, processes, /proc/*/environ, network); robustness (not JSON,
+escaping the sandbox (files, processes, /proc/*/environ, network); the CPUs of the students
+graded beside it; robustness (not JSON,
 1,000,000 cells, 100 MB of output, an infinite loop, os._exit, 2 GiB); fake grade cells.
 
 For every attack:
@@ -879,6 +880,35 @@ ATTACKS = [
 
     # 8. the grader's browser: formgrader renders a submission's outputs in the instructor's
     #    Jupyter origin, so an HTML / JavaScript / SVG output would run there (autograder/defang.py)
+    Attack("cpu_hog", "slow the students graded beside it: put the kernel back on every CPU "
+           "(sched_setaffinity), start two busy processes per CPU that try the same, spin "
+           "them for 3 s (the solution itself is right)",
+           src(r'''
+        import os, subprocess, sys
+        _host = os.cpu_count()
+        print("kernel cpus:", sorted(os.sched_getaffinity(0)), "of", _host)
+        try:
+            os.sched_setaffinity(0, range(_host))
+            print("AFFINITY WIDENED to", sorted(os.sched_getaffinity(0)))
+        except OSError as e:
+            print("affinity refused:", type(e).__name__)
+        _SPIN = ("import os, time\n"
+                 "try:\n"
+                 "    os.sched_setaffinity(0, range(%d))\n"
+                 "    print('CHILD AFFINITY WIDENED')\n"
+                 "except OSError:\n"
+                 "    print('child refused')\n"
+                 "t = time.time() + 3\n"
+                 "while time.time() < t:\n"
+                 "    pass\n" % _host)
+        _kids = [subprocess.Popen([sys.executable, "-c", _SPIN], stdout=subprocess.PIPE, text=True)
+                 for _ in range(2 * _host)]
+        print("children:", sorted(set(k.communicate()[0].strip() for k in _kids)))
+        def scale(logits, t):
+            return logits / t
+    '''), earned=E_GOOD, tamper=False,
+           forbid=("AFFINITY WIDENED", "CHILD AFFINITY WIDENED"),
+           require=("affinity refused: PermissionError", "children: ['child refused']")),
     Attack("grader_browser", "outputs that carry script for the grader's browser: HTML with a "
            "<script>, JavaScript, an SVG with onload, markdown with raw HTML",
            WRONG + src(r'''
@@ -1262,6 +1292,22 @@ def test_an_image_flood_is_cut_like_printed_text(run):
     # 100 MB of images were displayed; the cell keeps at most MAX_CELL_OUTPUT characters of them
     assert len(page) < 3 * MAX_CELL_OUTPUT, f"feedback of {len(page):,} characters"
     assert "output cut at" in page, "the cap's marker is missing from the feedback"
+
+
+def test_each_job_of_the_batch_runs_on_cpus_of_its_own(run):
+    """grade_submissions(workers=2) pins each running job to half the CPUs (whole cores), and
+    the sandbox keeps it there: cpu_hog (above) found it cannot widen its set."""
+    if "cpu_hog" not in run.batch.records:
+        pytest.skip("cpu_hog not selected (TAMPER_ONLY)")
+    found = re.search(r"kernel cpus: \[([\d, ]*)\] of (\d+)", run.batch.outputs["cpu_hog"])
+    assert found, run.batch.outputs["cpu_hog"][-2000:]
+    mine, host = [int(x) for x in found[1].split(",")], int(found[2])
+    allowed = len(os.sched_getaffinity(0))
+    assert host == os.cpu_count() and set(mine) <= os.sched_getaffinity(0), (mine, host)
+    if allowed >= 2:
+        assert 1 <= len(mine) <= allowed // 2, (mine, allowed)
+    assert any("each on CPUs of its own" in line for line in run.batch.log) == (allowed >= 2), \
+        [line for line in run.batch.log if line.startswith("executing")]
 
 
 # --- every feedback page ----------------------------------------------------------------------

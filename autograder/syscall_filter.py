@@ -1,0 +1,84 @@
+"""The sandbox's seccomp filter: the system calls a grading kernel may not make.
+
+bubblewrap loads a classic BPF program from a file descriptor (`bwrap --seccomp FD`) and
+installs it in the sandboxed process just before it runs the kernel; every process the kernel
+starts inherits it and cannot remove it. The program sees each system call's number and the ABI
+it was made through (`struct seccomp_data`: `nr` at offset 0, `arch` at offset 4) and answers
+ALLOW or an errno (Linux's Documentation/userspace-api/seccomp_filter.rst).
+
+What it refuses, with EPERM:
+
+* `sched_setaffinity`: `grade --jobs N` pins each job to cores of its own (autograder/cores.py);
+  without this a submission could put itself back on every core and slow the other students'
+  timed checks;
+* any system call made through another ABI than the machine's own (x86_64's 32-bit `int 0x80`
+  and x32 calls): they have other numbers, so they would pass a filter written for the native
+  ones.
+
+Everything else is allowed: this is not a general system-call sandbox (see autograder/sandbox.py
+for what the namespaces guarantee and what they do not).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import struct
+
+__all__ = ["REFUSED", "program", "filter_fd", "supported"]
+
+# struct sock_filter {u16 code; u8 jt; u8 jf; u32 k;}, linux/filter.h and linux/seccomp.h
+_LD_W_ABS = 0x20            # BPF_LD | BPF_W | BPF_ABS: A = the 32-bit word at offset k
+_JEQ = 0x15                 # BPF_JMP | BPF_JEQ | BPF_K: A == k ? jt : jf
+_JGE = 0x35                 # BPF_JMP | BPF_JGE | BPF_K: A >= k ? jt : jf
+_RET = 0x06                 # BPF_RET | BPF_K
+_ALLOW = 0x7FFF0000         # SECCOMP_RET_ALLOW
+_ERRNO = 0x00050000         # SECCOMP_RET_ERRNO | errno
+_NR, _ARCH = 0, 4           # offsets in struct seccomp_data
+_X32_BIT = 0x40000000       # __X32_SYSCALL_BIT: x32 calls are the x86_64 numbers + this
+
+# machine -> (AUDIT_ARCH_* of the native ABI, {refused call: its number}, x32 calls exist)
+_ABIS = {
+    "x86_64": (0xC000003E, {"sched_setaffinity": 203}, True),
+    "aarch64": (0xC00000B7, {"sched_setaffinity": 122}, False),
+}
+REFUSED = ("sched_setaffinity",)
+
+
+def supported(machine: str | None = None) -> bool:
+    return (machine or platform.machine()) in _ABIS
+
+
+def program(machine: str | None = None) -> bytes:
+    """The filter for `machine` (default: this one) as bwrap reads it: the sock_filter array."""
+    machine = machine or platform.machine()
+    if machine not in _ABIS:
+        raise RuntimeError(f"no seccomp filter for the {machine} architecture (known: "
+                           f"{', '.join(_ABIS)})")
+    arch, numbers, x32 = _ABIS[machine]
+    # (op, jt, jf, k); a check's jt / jf is "next" or "refuse" (the last instruction), turned
+    # into a jump offset (instructions skipped after the jump) once the length is known.
+    code = [(_LD_W_ABS, 0, 0, _ARCH), (_JEQ, "next", "refuse", arch), (_LD_W_ABS, 0, 0, _NR)]
+    if x32:
+        code.append((_JGE, "refuse", "next", _X32_BIT))
+    code += [(_JEQ, "refuse", "next", numbers[name]) for name in REFUSED]
+    code += [(_RET, 0, 0, _ALLOW), (_RET, 0, 0, _ERRNO | errno.EPERM)]
+    refuse = len(code) - 1
+    out = []
+    for pc, (op, jt, jf, k) in enumerate(code):
+        jt, jf = (refuse - pc - 1 if j == "refuse" else 0 for j in (jt, jf))
+        out.append(struct.pack("=HBBI", op, jt, jf, k))
+    return b"".join(out)
+
+
+def filter_fd() -> int:
+    """A file descriptor holding program() at offset 0, for `bwrap --seccomp FD` (the caller
+    passes it to bwrap with pass_fds and closes it after the start)."""
+    fd = os.memfd_create("autograder-seccomp", 0)
+    try:
+        os.write(fd, program())
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
