@@ -130,16 +130,17 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
     jobs = [_jobs.build_job(course, student, lab, cell_timeout=cell_timeout,
                             notebook_timeout=notebook_timeout, mem_bytes=mem, sandbox=sandbox)
             for student, lab, _ in subs]
-    threads = {} if scheduler else share_of_cores(workers)
+    running = min(workers, len(jobs))       # at most one job per submission runs at once
+    threads = {} if scheduler else share_of_cores(running)
     for job in jobs:
         job["limits"]["thread_env"] = threads
     execute, where = _jobs.execute_job, f"on the Dask cluster at {scheduler}"
     if not scheduler:
-        where = f"{workers} at a time on this machine"
+        where = f"{running} at a time on this machine"
         if "OMP_NUM_THREADS" in threads:
             where += f", {threads['OMP_NUM_THREADS']} torch thread(s) each"
-        if workers > 1:
-            slots = CoreSlots(workers)
+        if running > 1:
+            slots = CoreSlots(running)
             execute = _jobs.execute_on_own_cores(slots)
             where += (", each on CPUs of its own: " if slots.disjoint else
                       ", more jobs than cores, so some share CPUs: ") + slots.describe()

@@ -82,3 +82,33 @@ def pytest_collection_modifyitems(config, items):
             continue
         from _pytest.nodeid import NodeId
         item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
+
+
+# MINILLM_TEST_TIMELINE=<file>: one JSON line per test phase (worker, test, phase, start, end),
+# to see how `make test`'s two workers share the run (where one waits, which group ends last).
+_TIMELINE = os.environ.get("MINILLM_TEST_TIMELINE")
+
+
+if _TIMELINE:
+    import json
+    import time
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(item):
+        yield from _timed(item, "setup")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(item):
+        yield from _timed(item, "call")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(item):
+        yield from _timed(item, "teardown")
+
+    def _timed(item, phase):
+        start = time.time()
+        yield
+        with open(_TIMELINE, "a") as f:
+            f.write(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                                "test": item.nodeid, "phase": phase, "start": start,
+                                "end": time.time()}) + "\n")
