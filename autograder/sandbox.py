@@ -48,9 +48,9 @@ What it does not guarantee:
 * the sandbox's user is the grader's user (mapped to the same uid), so the read-only binds are
   readable to the extent that user can read them: keep secrets out of ro_paths, and run the
   grader as an unprivileged user;
-* system calls: a seccomp filter (autograder/syscall_filter.py) refuses only sched_setaffinity
-  (so a kernel stays on the CPUs `grade --jobs N` pinned it to: autograder/cores.py) and calls
-  through another ABI; the rest of the host kernel's system-call surface is reachable (a kernel
+* system calls: a seccomp filter (autograder/syscall_filter.py; x86_64 and aarch64 only)
+  refuses only sched_setaffinity (so a kernel stays on the CPUs `grade --jobs N` pinned it to:
+  autograder/cores.py) and calls through another ABI; the rest of the host kernel's system-call surface is reachable (a kernel
   exploit escapes any namespace sandbox);
 * no GPU: /dev holds only null, zero, full, random, urandom, tty, pts and shm; CUDA device
   nodes (/dev/nvidia*) and /sys are not bound;
@@ -69,7 +69,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -126,21 +125,21 @@ def sandbox_unavailable_reason() -> str | None:
     exe = bwrap_path()
     if exe is None:
         return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    if not syscall_filter.supported():
-        return f"no seccomp filter for this machine's architecture ({platform.machine()})"
     argv = [exe, *_namespace_args()]
     for d in ("/usr", "/bin", "/lib", "/lib64"):
         argv += _symlink_or_bind(d)
     fd = syscall_filter.filter_fd()
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--remount-ro", "/",
-             "--seccomp", str(fd), "--", "true"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--remount-ro", "/"]
+    argv += ["--seccomp", str(fd)] if fd is not None else []
     try:
-        r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=20, env={"PATH": "/usr/bin:/bin"}, pass_fds=(fd,))
+        r = subprocess.run(argv + ["--", "true"], stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=20, env={"PATH": "/usr/bin:/bin"},
+                           pass_fds=() if fd is None else (fd,))
     except (OSError, subprocess.SubprocessError) as e:
         return f"bwrap could not be run: {e}"
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     if r.returncode == 0:
         return None
     err = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
@@ -372,7 +371,8 @@ class SandboxKernelManager(AsyncKernelManager):
         kw["env"] = dict(self._active_spec.env)   # bwrap's own environment (see module doc)
         self._close_filter()
         self._filter_fd = syscall_filter.filter_fd()      # read by bwrap --seccomp at start
-        kw["pass_fds"] = (self._filter_fd,)
+        if self._filter_fd is not None:
+            kw["pass_fds"] = (self._filter_fd,)
         try:
             return await super()._async_pre_start_kernel(**kw)
         except BaseException:
