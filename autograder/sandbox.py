@@ -50,8 +50,8 @@ What it does not guarantee:
   grader as an unprivileged user;
 * system calls: a seccomp filter (autograder/syscall_filter.py; x86_64 and aarch64 only)
   refuses only sched_setaffinity (so a kernel stays on the CPUs `grade --jobs N` pinned it to:
-  autograder/cores.py) and calls through another ABI; the rest of the host kernel's system-call surface is reachable (a kernel
-  exploit escapes any namespace sandbox);
+  autograder/cores.py) and calls through another ABI; the rest of the host kernel's
+  system-call surface is reachable (a kernel exploit escapes any namespace sandbox);
 * no GPU: /dev holds only null, zero, full, random, urandom, tty, pts and shm; CUDA device
   nodes (/dev/nvidia*) and /sys are not bound;
 * --die-with-parent ties the sandbox to the *thread* that started bwrap (PR_SET_PDEATHSIG): start
@@ -257,7 +257,8 @@ def _under(path: Path, parent: Path) -> bool:
 def bwrap_argv(spec: SandboxSpec, cmd: list[str], seccomp_fd: int | None = None) -> list[str]:
     """The command that runs `cmd` inside the sandbox `spec` describes (see the module doc);
     `seccomp_fd`: a descriptor holding syscall_filter.program(), which bwrap installs (the
-    caller passes it to bwrap, e.g. with pass_fds). SandboxKernelManager always gives one."""
+    caller passes it to bwrap, e.g. with pass_fds). SandboxKernelManager gives one wherever
+    syscall_filter has the machine's numbers."""
     exe = bwrap_path()
     if exe is None:
         raise RuntimeError(sandbox_unavailable_reason() or "bwrap is not installed")

@@ -79,7 +79,7 @@ def filter_fd() -> int | None:
     could leave the CPUs `grade --jobs N` pinned it to)."""
     if not supported():
         return None
-    fd = os.memfd_create("autograder-seccomp", 0)
+    fd = os.memfd_create("autograder-seccomp", os.MFD_CLOEXEC)   # pass_fds hands it to bwrap
     try:
         os.write(fd, program())
         os.lseek(fd, 0, os.SEEK_SET)

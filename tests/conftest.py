@@ -85,7 +85,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 # MINILLM_TEST_TIMELINE=<file>: one JSON line per test phase (worker, test, phase, start, end),
-# to see how `make test`'s two workers share the run (where one waits, which group ends last).
+# to see how `make test`'s two workers share the run (where one waits, which group ends last);
+# benchmarks/worker_timeline.py reads it.
 _TIMELINE = os.environ.get("MINILLM_TEST_TIMELINE")
 
 
