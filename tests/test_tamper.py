@@ -879,8 +879,8 @@ ATTACKS = [
     '''), forbid=("NETWORK_REACHED", "UNIX_REACHED", "HOSTPID_VISIBLE"),
            require=("cannot write", "network refused", "visible pids")),
 
-    # 8. the grader's browser: formgrader renders a submission's outputs in the instructor's
-    #    Jupyter origin, so an HTML / JavaScript / SVG output would run there (autograder/defang.py)
+    # 7b. the students graded beside it: their CPUs (grade --jobs N pins each job, the
+    #     sandbox's seccomp filter keeps it there: autograder/cores.py, syscall_filter.py)
     Attack("cpu_hog", "slow the students graded beside it: put the kernel back on every CPU "
            "(sched_setaffinity), start two busy processes per CPU that try the same, spin "
            "them for 3 s (the solution itself is right)",
@@ -910,6 +910,9 @@ ATTACKS = [
     '''), earned=E_GOOD, tamper=False,
            forbid=("AFFINITY WIDENED", "CHILD AFFINITY WIDENED"),
            require=("affinity refused: PermissionError", "children: ['child refused']")),
+
+    # 8. the grader's browser: formgrader renders a submission's outputs in the instructor's
+    #    Jupyter origin, so an HTML / JavaScript / SVG output would run there (autograder/defang.py)
     Attack("grader_browser", "outputs that carry script for the grader's browser: HTML with a "
            "<script>, JavaScript, an SVG with onload, markdown with raw HTML",
            WRONG + src(r'''
