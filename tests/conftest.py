@@ -90,26 +90,13 @@ def pytest_collection_modifyitems(config, items):
 _TIMELINE = os.environ.get("MINILLM_TEST_TIMELINE")
 
 
-if _TIMELINE:
-    import json
-    import time
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_setup(item):
-        yield from _timed(item, "setup")
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_call(item):
-        yield from _timed(item, "call")
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_teardown(item):
-        yield from _timed(item, "teardown")
-
-    def _timed(item, phase):
-        start = time.time()
-        yield
+def pytest_runtest_logreport(report):
+    """Written by the process that reports the run (under xdist, the controller, which hears of
+    every worker's tests)."""
+    if _TIMELINE and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import json
+        node = getattr(report, "node", None)             # the xdist worker that ran it
         with open(_TIMELINE, "a") as f:
-            f.write(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-                                "test": item.nodeid, "phase": phase, "start": start,
-                                "end": time.time()}) + "\n")
+            f.write(json.dumps({"worker": node.gateway.id if node is not None else "main",
+                                "test": report.nodeid, "phase": report.when,
+                                "start": report.start, "end": report.stop}) + "\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
 import sys
 import threading
@@ -106,7 +107,7 @@ def other_abi():
     """getpid through x86_64's x32 ABI (its number + 0x40000000): errno's name, or the pid."""
     import ctypes, errno, platform
     if platform.machine() != "x86_64":
-        return "EPERM (no second ABI on " + platform.machine() + ")"
+        return None
     libc = ctypes.CDLL(None, use_errno=True)
     r = libc.syscall(0x40000000 | 39)
     return errno.errorcode.get(ctypes.get_errno(), "?") if r == -1 else r
@@ -254,7 +255,8 @@ def test_the_kernel_cannot_leave_its_cpus(probe_run):
     through another ABI are refused; reading the affinity and other calls still work."""
     assert probe_run["affinity"] == sorted(os.sched_getaffinity(0))
     assert probe_run["widen"] == "raised PermissionError"
-    assert probe_run["other_abi"].startswith("EPERM"), probe_run["other_abi"]
+    if platform.machine() == "x86_64":      # aarch64's 32-bit ABI needs 32-bit code to call
+        assert probe_run["other_abi"] == "EPERM", probe_run["other_abi"]
     assert probe_run["getpid"] > 1
 
 
