@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run student code without the sandbox (unsafe; prints a warning)")
     p.add_argument("--feedback-with-hidden-tests", action="store_true",
                    help="show the hidden tests in the feedback (default: never)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="give each kernel an empty compile cache instead of a copy of the one "
+                        "the grader warms (autograder/compile_cache.py)")
     _limits(p)
 
     p = sub.add_parser("report", help="after grading written answers by hand: build/grades.csv "

@@ -24,7 +24,7 @@ import queue
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["THREAD_ENV", "share_of_cores", "physical_cores", "CoreSlots"]
+__all__ = ["THREAD_ENV", "share_of_cores", "physical_cores", "CoreSlots", "restore_torch_threads"]
 
 THREAD_ENV = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
 _SYS_CPU = Path("/sys/devices/system/cpu")
@@ -37,6 +37,19 @@ def share_of_cores(workers: int) -> dict[str, str]:
         return {}
     share = str(max(1, len(os.sched_getaffinity(0)) // workers))
     return {name: share for name in THREAD_ENV if name not in os.environ}
+
+
+def restore_torch_threads() -> int:
+    """Give torch, in this process, OMP_NUM_THREADS threads, or one per CPU it may run on.
+
+    For the sandboxed kernel (autograder/sealed.py calls it before any student code): the
+    sandbox's syscall filter refuses sched_setaffinity (autograder/syscall_filter.py), which
+    MKL's CPU probe uses when torch loads, and torch then starts on one thread whatever
+    OMP_NUM_THREADS says. Returns the number of threads."""
+    import torch
+    n = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    torch.set_num_threads(n)
+    return n
 
 
 def _parse_cpu_list(text: str) -> set[int]:

@@ -187,10 +187,12 @@ class Course:
     def autograde(self, student: str, lab: str, *, cell_timeout: int | None = None,
                   notebook_timeout: int | None = None, mem_bytes: int | None = None,
                   wall_timeout: float | None = None, sandbox: bool | None = None,
-                  log_dir: Path | None = None) -> GradeRecord:
+                  compile_cache: bool = False, log_dir: Path | None = None) -> GradeRecord:
         """Grade one submission already in build/submitted: build its job, execute it in a
         child process (kernel sandboxed unless `sandbox` is False; None = if this machine has
-        the sandbox), then record it with `nbgrader autograde` (see jobs.py)."""
+        the sandbox), then record it with `nbgrader autograde` (see jobs.py). `compile_cache`:
+        give the kernel a copy of the lab's warm compile cache (autograder/compile_cache.py),
+        warming it first if this course has none yet: worth it when more submissions follow."""
         from . import jobs
         from .sandbox import sandbox_unavailable_reason
         if sandbox is None:
@@ -198,6 +200,9 @@ class Course:
         job = jobs.build_job(self, student, lab, cell_timeout=cell_timeout,
                              notebook_timeout=notebook_timeout, mem_bytes=mem_bytes,
                              sandbox=sandbox)
+        if compile_cache and not job.get("rejected"):
+            from .compile_cache import warm
+            job["compile_cache"] = warm(self, lab)
         if wall_timeout:
             job["limits"]["wall_timeout"] = wall_timeout
         return jobs.record(self, job, jobs.execute_job(job), log_dir=log_dir)

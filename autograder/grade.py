@@ -9,7 +9,8 @@ used for late penalties). Each submission is copied into build/submitted and the
 registered; then, per submission (autograder/jobs.py):
 
 1. the grader builds a job: the notebook with its locked cells restored from the gradebook, the
-   lab's released assets, the limits;
+   lab's released assets, the limits, and a copy of the lab's compile cache, which the grader
+   warms once with the course's own commands (autograder/compile_cache.py; lab 05);
 2. the jobs are executed, `--jobs N` at a time on this machine (each on CPUs of its own:
    autograder/cores.py) or on the workers of a Dask cluster (`--scheduler tcp://HOST:PORT`),
    each in a limited child process whose kernel runs in a sandbox (autograder/sandbox.py) with
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 from . import jobs as _jobs
+from .compile_cache import warm as warm_compile_cache
 from .cores import CoreSlots, share_of_cores
 from .course import STUDENT_RE, Course
 from .processes import default_mem_bytes, memory_limit_works
@@ -90,7 +92,8 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
                       notebook_timeout: int | None = None, mem_gb: float | None = None,
                       feedback: bool = True, csv: bool = True, workers: int = 1,
                       scheduler: str | None = None, sandbox: bool = True,
-                      feedback_hidden_tests: bool = False, log=print) -> list[GradeRecord]:
+                      feedback_hidden_tests: bool = False, compile_cache: bool = True,
+                      log=print) -> list[GradeRecord]:
     """Grade every DIR/<student>/<lab>/ submission (see the module docstring). `sandbox=False`
     runs the kernels without the sandbox (a warning is printed); with `sandbox=True` this
     raises RuntimeError when the machine has no working sandbox."""
@@ -132,6 +135,11 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
             for student, lab, _ in subs]
     running = min(workers, len(jobs))       # at most one job per submission runs at once
     threads = {} if scheduler else share_of_cores(running)
+    if compile_cache:                   # built by the grader, a copy for each kernel
+        caches = {lab: warm_compile_cache(course, lab, log, threads) for lab in labs}
+        for job in jobs:
+            if caches[job["lab"]] and not job.get("rejected"):
+                job["compile_cache"] = caches[job["lab"]]
     for job in jobs:
         job["limits"]["thread_env"] = threads
     execute, where = _jobs.execute_job, f"on the Dask cluster at {scheduler}"
@@ -240,7 +248,8 @@ def main_grade(args, course: Course | None = None) -> int:
                                 notebook_timeout=args.notebook_timeout, mem_gb=args.mem_gb,
                                 feedback=not args.no_feedback, workers=args.jobs,
                                 scheduler=args.scheduler, sandbox=not args.no_sandbox,
-                                feedback_hidden_tests=args.feedback_with_hidden_tests)
+                                feedback_hidden_tests=args.feedback_with_hidden_tests,
+                                compile_cache=not args.no_compile_cache)
     return 0 if records else 1
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
 import shutil
 import sys
@@ -229,13 +230,17 @@ def _cap_outputs(cell) -> None:
     cell.outputs = kept
 
 
-def _sandbox_spec(work: Path, runtime: Path):
+def _sandbox_spec(work: Path, runtime: Path, cache_env: dict):
+    """The kernel's sandbox; `cache_env`: install()'s environment naming the kernel's copy of
+    the compile cache, which is bound into the sandbox read-write."""
     from . import sandbox
+    from .compile_cache import ENV
     home = work.parent / "home"
     home.mkdir(exist_ok=True)
     return sandbox.SandboxSpec(workdir=work, runtime_dir=runtime,
                                ro_paths=sandbox.default_ro_paths(),
-                               env=sandbox.default_env(home))
+                               env={**sandbox.default_env(home), **cache_env},
+                               rw_paths=[Path(cache_env[ENV])] if ENV in cache_env else [])
 
 
 def _seal(nb) -> tuple[dict, dict, dict]:
@@ -312,11 +317,16 @@ def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log) -> dict:
     secret = secrets.token_bytes(32)
     seal_path = work / SEAL_FILE
     seal_path.write_text(json.dumps({"key": secret.hex(), "cells": table}))
+    # this kernel's own copy of the grader's warm compile cache (autograder/compile_cache.py)
+    from .compile_cache import install
+    cache_env = install(job.get("compile_cache") or {}, work.parent / "compile_cache")
     kw = {}
     if job.get("sandbox"):
         from .sandbox import SandboxKernelManager
         kw = {"kernel_manager_class": SandboxKernelManager,
-              "sandbox": _sandbox_spec(work, runtime)}
+              "sandbox": _sandbox_spec(work, runtime, cache_env)}
+    else:                               # the kernel inherits this process's environment
+        os.environ.update(cache_env)
     ex = GuardedExecute(timeout=lim["cell_timeout"], notebook_timeout=lim["notebook_timeout"],
                         startup_timeout=120, interrupt_on_timeout=True, allow_errors=True,
                         seal=stubs, kernel_name="python3",

@@ -16,11 +16,11 @@ What the sandbox guarantees (bwrap_argv builds it):
 
 * file system: a fresh root holding only read-only binds of `SandboxSpec.ro_paths` (system
   directories, the Python install, the virtualenv, the course's package directories: see
-  default_ro_paths), read-write binds of `workdir` and `runtime_dir` (each at its own path), a
-  private /proc, a minimal /dev and a private tmpfs on /tmp. Nothing else of the host exists
+  default_ro_paths), read-write binds of `workdir`, `runtime_dir` and `rw_paths` (each at its
+  own path; the grader's job puts the kernel's copy of the compile cache there), a private /proc, a minimal /dev and a private tmpfs on /tmp. Nothing else of the host exists
   inside: not the repository's other directories (labs/, build/, nbgrader_config.py, the
   gradebook), not /root or /home, not other students' directories. Writes outside workdir,
-  runtime_dir and the private /tmp fail (read-only or no such directory); what is written to
+  runtime_dir, rw_paths and the private /tmp fail (read-only or no such directory); what is written to
   /tmp is gone when the sandbox ends. The sandbox's root (bwrap's tmpfs that holds the mount
   points, e.g. the directory standing for the repository) is read-only too. /etc/shadow and
   /etc/gshadow are masked;
@@ -51,7 +51,11 @@ What it does not guarantee:
 * system calls: a seccomp filter (autograder/syscall_filter.py; x86_64 and aarch64 only)
   refuses only sched_setaffinity (so a kernel stays on the CPUs `grade --jobs N` pinned it to:
   autograder/cores.py) and calls through another ABI; the rest of the host kernel's
-  system-call surface is reachable (a kernel exploit escapes any namespace sandbox);
+  system-call surface is reachable (a kernel exploit escapes any namespace sandbox). MKL's
+  CPU probe pins itself to each CPU in turn when torch loads; refused, it leaves torch on one
+  thread, so the graded kernel's setup (autograder/sealed.py) sets torch's thread count again
+  (`cores.restore_torch_threads`), and processes the kernel starts set their own (lab 05's
+  bench: `--threads 1`);
 * no GPU: /dev holds only null, zero, full, random, urandom, tty, pts and shm; CUDA device
   nodes (/dev/nvidia*) and /sys are not bound;
 * --die-with-parent ties the sandbox to the *thread* that started bwrap (PR_SET_PDEATHSIG): start
@@ -159,12 +163,14 @@ class SandboxSpec:
     runtime_dir: Path             # read-write; the connection file and the ipc sockets
     ro_paths: list[Path] = field(default_factory=list)   # extra read-only binds
     env: dict[str, str] = field(default_factory=dict)    # the whole environment inside
+    rw_paths: list[Path] = field(default_factory=list)   # extra read-write binds
 
     def __post_init__(self):
         # Absolute and without symlinks: jupyter_client passes the connection file's realpath.
         self.workdir = Path(self.workdir).resolve()
         self.runtime_dir = Path(self.runtime_dir).resolve()
         self.ro_paths = [Path(os.path.abspath(p)) for p in self.ro_paths]
+        self.rw_paths = [Path(p).resolve() for p in self.rw_paths]
         self.env = {str(k): str(v) for k, v in self.env.items()}
 
     @classmethod
@@ -278,11 +284,12 @@ def bwrap_argv(spec: SandboxSpec, cmd: list[str], seccomp_fd: int | None = None)
         if any(_under(Path(f), b) for b in bound) and os.path.isfile(f):
             argv += ["--ro-bind", "/dev/null", f]
     # after the tmpfs and the read-only binds, so they are visible and writable wherever they are
-    for p in (spec.workdir, spec.runtime_dir):
+    for p in (spec.workdir, spec.runtime_dir, *spec.rw_paths):
         argv += ["--bind", str(p), str(p)]
     home = spec.env.get("HOME")
     if home and os.path.isabs(home) and not any(
-            _under(Path(home), b) for b in [*bound, spec.workdir, spec.runtime_dir]):
+            _under(Path(home), b) for b in [*bound, spec.workdir, spec.runtime_dir,
+                                            *spec.rw_paths]):
         argv += ["--dir", home]            # e.g. /tmp/home on the private tmpfs
     argv += ["--remount-ro", "/"]          # the root (a tmpfs holding the mount points)
     argv += ["--chdir", str(spec.workdir), "--clearenv"]

@@ -173,6 +173,8 @@ def install(path: str) -> None:
     import torch  # noqa: F401
 
     import autograder
+    from autograder.cores import restore_torch_threads
+    restore_torch_threads()                     # the sandbox's filter leaves torch on one
     import minillm  # noqa: F401
     autograder.bind()                           # the helpers, bound before any student code
     try:

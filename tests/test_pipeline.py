@@ -164,7 +164,8 @@ class Pipeline:
             else:
                 raise ValueError(student)
             self.submit(student, lab, nb)
-            self.records[(student, lab)] = self.course.autograde(student, lab)
+            self.records[(student, lab)] = self.course.autograde(student, lab,
+                                                                 compile_cache=True)
         return self.records[(student, lab)]
 
 

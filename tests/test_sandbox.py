@@ -178,6 +178,8 @@ def probe_run(tmp_path_factory):
         "widen": "widen",
         "other_abi": "other_abi",
         "getpid": "os.getpid",
+        "threads": "lambda: (__import__('autograder.cores').cores.restore_torch_threads(), "
+                   "__import__('torch').get_num_threads())",
     }
     sources = [PROBE] + [f"probe({k!r}, {v})" for k, v in checks.items()]
     sources += [DAEMONS.replace("{marker}", marker), "import time; time.sleep(0.5)"]
@@ -258,6 +260,10 @@ def test_the_kernel_cannot_leave_its_cpus(probe_run):
     if platform.machine() == "x86_64":      # aarch64's 32-bit ABI needs 32-bit code to call
         assert probe_run["other_abi"] == "EPERM", probe_run["other_abi"]
     assert probe_run["getpid"] > 1
+    # MKL's CPU probe pins itself to each CPU in turn when torch loads: refused, torch starts
+    # on one thread; the graded kernel's setup gives it back its share
+    want = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    assert probe_run["threads"] == [want, want], probe_run["threads"]
 
 
 def test_grader_environment_does_not_leak(probe_run):

@@ -43,6 +43,23 @@ K = 3               # draft tokens per step: 4 passes of k + 1 = 4 tokens
 PROMPT = "HAMLET.\nTo be, or not to be, that is the question:\n"
 THRESHOLD = 1.4     # required time(plain loop) / time(speculative loop, perfect draft)
 WARMUP, REPEATS = 1, 5
+BENCH_KS = (1, 2, 3, 4, 6)   # the draft lengths the lab's bench cell measures
+
+
+def bench_command() -> list[str]:
+    """The lab's bench cell, as arguments after the interpreter: `bench_speculative` on PROMPT
+    with the distilled draft decoding through `torch.compile` (int8 weights), run by the
+    course's CLI in a process of its own so that compiling stays out of the kernel."""
+    return ["-m", "minillm", "bench", "speculative", "--json", "--threads", "1", "--cpu-time",
+            "--draft", "draft-distilled", "--draft-engine", "compiled-int8", "--prompt", PROMPT,
+            "--k", ",".join(map(str, BENCH_KS)), "--new-tokens", "48", "--repeats", "2",
+            "--temperature", "0", "--lookup-k", "6", "--lookup-new-tokens", "96"]
+
+
+def compile_warmups() -> list[list[str]]:
+    """What the grader runs once before grading this lab (autograder/compile_cache.py): the
+    bench, whose compiled draft step every graded kernel then finds in its cache."""
+    return [bench_command()]
 
 # captured at import (the grader imports autograder before student code runs)
 _no_grad = torch.no_grad

@@ -1,0 +1,134 @@
+"""A compile cache the grader warms once and each graded kernel gets a copy of.
+
+Lab 05's bench cell runs the course's CLI, whose draft decodes through `torch.compile`. In the
+sandbox /tmp is a fresh tmpfs, so Inductor's cache (`/tmp/torchinductor_<user>`) starts empty
+and every graded submission compiled the same library code again (`benchmarks/grade_batch.py`
+measures what that costs). Instead:
+
+* a lab lists, in WARMUPS, the commands whose compiled code its notebook needs. They are the
+  course's own commands (`python -m minillm ...`), never student code;
+* before a batch, `warm(course, lab)` runs them once in the grader, with
+  TORCHINDUCTOR_CACHE_DIR set to `build/compile_cache/<lab>/inductor` (a folder no sandbox
+  sees), and keeps the result for later batches while its fingerprint holds: the commands,
+  the Python and torch versions and the bytes of the course's packages. Anything else runs
+  them again;
+* each job carries the files (`job["compile_cache"]`, base64 like the lab's assets, so a Dask
+  worker gets them too), and the job process writes them into a folder of the kernel's own,
+  bound into its sandbox, and sets TORCHINDUCTOR_CACHE_DIR there (`install`). A kernel that rewrites its copy changes its own
+  grading only: the next job gets a fresh copy of the grader's.
+
+A warm-up that fails or runs past WARMUP_TIMEOUT_S is logged and the batch is graded without
+the cache, as before: it costs time, never a grade.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from .processes import package_parent, run_logged, subprocess_env
+
+__all__ = ["WARMUPS", "warm", "install", "fingerprint", "ENV"]
+
+ENV = "TORCHINDUCTOR_CACHE_DIR"
+# lab -> "module:function" returning the argv of each command to run (after the interpreter)
+WARMUPS: dict[str, str] = {"05_speculative": "autograder.labs.lab05:compile_warmups"}
+WARMUP_TIMEOUT_S = 900
+MAX_CACHE_BYTES = 64 << 20          # lab 05's is about 2 MB
+FINGERPRINT_FILE = "fingerprint.json"
+PACKAGES = ("minillm", "kernels")   # the code a warm-up compiles
+
+
+def commands(lab: str) -> list[list[str]]:
+    """The warm-up commands of `lab` (argv after the interpreter), [] when it has none."""
+    target = WARMUPS.get(lab)
+    if target is None:
+        return []
+    module, _, name = target.partition(":")
+    return [list(c) for c in getattr(importlib.import_module(module), name)()]
+
+
+def fingerprint(cmds: list[list[str]], env: dict[str, str]) -> dict:
+    """What a warm cache depends on; a different fingerprint runs the warm-up again. `env`: the
+    warm-up's environment, of which the variables the sandbox passes to a kernel count
+    (OMP_NUM_THREADS is part of Inductor's cache key)."""
+    import torch
+
+    from .sandbox import PASSTHROUGH_ENV
+    digest = hashlib.sha256()
+    root = package_parent()
+    for pkg in PACKAGES:
+        for p in sorted((root / pkg).rglob("*.py")):
+            digest.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return {"commands": cmds, "python": sys.version, "torch": torch.__version__,
+            "packages_sha256": digest.hexdigest(),
+            "env": {k: env[k] for k in PASSTHROUGH_ENV if k in env}}
+
+
+def _files(folder: Path) -> dict[str, str] | None:
+    out, total = {}, 0
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            total += p.stat().st_size
+            if total > MAX_CACHE_BYTES:
+                return None
+            out[str(p.relative_to(folder))] = base64.b64encode(p.read_bytes()).decode()
+    return out
+
+
+def warm(course, lab: str, log=print, thread_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The warm cache of `lab` as {relative path: base64}, built now if needed; {} when the lab
+    has no warm-up, or when building it failed (logged). `thread_env`: the thread variables the
+    jobs run with (grade --jobs N), which the warm-up must share to compile the same code."""
+    cmds = commands(lab)
+    if not cmds:
+        return {}
+    home = course.build / "compile_cache" / lab
+    cache, stamp = home / "inductor", home / FINGERPRINT_FILE
+    env = subprocess_env({**(thread_env or {}), ENV: str(cache)})
+    want = fingerprint(cmds, env)
+    try:
+        have = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        have = None
+    if have != want:
+        shutil.rmtree(home, ignore_errors=True)
+        cache.mkdir(parents=True)
+        t0 = time.monotonic()
+        for cmd in cmds:
+            r = run_logged([sys.executable, *cmd], cwd=home, log=home / "warmup.log",
+                           timeout=WARMUP_TIMEOUT_S, env=env)
+            if r.returncode != 0 or r.timed_out:
+                why = "timed out" if r.timed_out else f"exit {r.returncode}"
+                log(f"warning: {lab}'s compile warm-up failed ({why}; see {home / 'warmup.log'}): "
+                    "grading without a warm compile cache")
+                shutil.rmtree(cache, ignore_errors=True)
+                return {}
+        stamp.write_text(json.dumps(want))
+        log(f"{lab}: compile cache warmed in {time.monotonic() - t0:.0f} s ({home})")
+    files = _files(cache)
+    if files is None:
+        log(f"warning: {lab}'s compile cache is over {MAX_CACHE_BYTES >> 20} MB: grading "
+            "without it")
+        return {}
+    return files
+
+
+def install(files: dict[str, str], folder: Path) -> dict[str, str]:
+    """Write a job's copy of the cache into `folder` (the job binds it into the sandbox); the
+    environment that points Inductor at it ({} when the job carries none)."""
+    if not files:
+        return {}
+    cache = folder
+    for rel, data in files.items():
+        dest = cache / rel
+        if not dest.resolve().is_relative_to(cache.resolve()):
+            raise ValueError(f"compile cache path outside the cache: {rel!r}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(base64.b64decode(data))
+    return {ENV: str(cache)}
