@@ -100,17 +100,20 @@ def warm(course, lab: str, log=print, thread_env: dict[str, str] | None = None) 
         shutil.rmtree(home, ignore_errors=True)
         cache.mkdir(parents=True)
         t0 = time.monotonic()
-        for cmd in cmds:
-            r = run_logged([sys.executable, *cmd], cwd=home, log=home / "warmup.log",
-                           timeout=WARMUP_TIMEOUT_S, env=env)
+        for i, cmd in enumerate(cmds):
+            out = home / f"warmup_{i}.log"
+            r = run_logged([sys.executable, *cmd], cwd=home, log=out, timeout=WARMUP_TIMEOUT_S,
+                           env=env)
             if r.returncode != 0 or r.timed_out:
                 why = "timed out" if r.timed_out else f"exit {r.returncode}"
-                log(f"warning: {lab}'s compile warm-up failed ({why}; see {home / 'warmup.log'}): "
-                    "grading without a warm compile cache")
+                log(f"warning: {lab}'s compile warm-up failed ({why}; see {out}): grading "
+                    "without a warm compile cache")
                 shutil.rmtree(cache, ignore_errors=True)
                 return {}
         stamp.write_text(json.dumps(want))
         log(f"{lab}: compile cache warmed in {time.monotonic() - t0:.0f} s ({home})")
+    else:
+        log(f"{lab}: using the warm compile cache in {home}")
     files = _files(cache)
     if files is None:
         log(f"warning: {lab}'s compile cache is over {MAX_CACHE_BYTES >> 20} MB: grading "

@@ -24,9 +24,11 @@ import queue
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["THREAD_ENV", "share_of_cores", "physical_cores", "CoreSlots", "restore_torch_threads"]
+__all__ = ["THREAD_ENV", "share_of_cores", "physical_cores", "CoreSlots", "restore_torch_threads",
+           "CORES_ENV"]
 
 THREAD_ENV = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
+CORES_ENV = "AUTOGRADER_CORES"      # a sandboxed kernel's physical cores, counted outside it
 _SYS_CPU = Path("/sys/devices/system/cpu")
 
 
@@ -40,14 +42,16 @@ def share_of_cores(workers: int) -> dict[str, str]:
 
 
 def restore_torch_threads() -> int:
-    """Give torch, in this process, OMP_NUM_THREADS threads, or one per CPU it may run on.
+    """Give torch, in this process, OMP_NUM_THREADS threads, else one per physical core it may
+    run on (torch's own default): CORES_ENV when set, else counted from /sys.
 
     For the sandboxed kernel (autograder/sealed.py calls it before any student code): the
-    sandbox's syscall filter refuses sched_setaffinity (autograder/syscall_filter.py), which
-    MKL's CPU probe uses when torch loads, and torch then starts on one thread whatever
+    sandbox's syscall filter refuses sched_setaffinity (autograder/syscall_filter.py), which a
+    CPU probe uses when torch loads, and torch then starts on one thread whatever
     OMP_NUM_THREADS says. Returns the number of threads."""
     import torch
-    n = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    n = int(os.environ.get("OMP_NUM_THREADS") or 0) or int(os.environ.get(CORES_ENV) or 0) \
+        or len(physical_cores())
     torch.set_num_threads(n)
     return n
 

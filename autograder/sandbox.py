@@ -51,8 +51,8 @@ What it does not guarantee:
 * system calls: a seccomp filter (autograder/syscall_filter.py; x86_64 and aarch64 only)
   refuses only sched_setaffinity (so a kernel stays on the CPUs `grade --jobs N` pinned it to:
   autograder/cores.py) and calls through another ABI; the rest of the host kernel's
-  system-call surface is reachable (a kernel exploit escapes any namespace sandbox). MKL's
-  CPU probe pins itself to each CPU in turn when torch loads; refused, it leaves torch on one
+  system-call surface is reachable (a kernel exploit escapes any namespace sandbox). When torch
+  loads, a CPU probe pins the process to each CPU in turn; refused, it leaves torch on one
   thread, so the graded kernel's setup (autograder/sealed.py) sets torch's thread count again
   (`cores.restore_torch_threads`), and processes the kernel starts set their own (lab 05's
   bench: `--threads 1`);
@@ -212,11 +212,14 @@ def default_env(home: Path) -> dict[str, str]:
     Jupyter/IPython/matplotlib/cache directories under it, MPLBACKEND = Jupyter's inline backend
     (figures become image/png outputs), PYTHONPATH = the directory holding the course's packages
     (inside the sandbox it holds only the bound package directories), PYTHONUNBUFFERED, LANG,
-    and the PASSTHROUGH_ENV variables the grader has set. Nothing else of the grader's
-    environment."""
+    CORES_ENV (the physical cores of this process's CPUs, counted here: the sandbox has no /sys,
+    and cores.restore_torch_threads needs it), and the PASSTHROUGH_ENV variables the grader has
+    set. Nothing else of the grader's environment."""
+    from .cores import CORES_ENV, physical_cores
     home = Path(home)
     venv_bin = str(Path(sys.prefix).absolute() / "bin")
     env = {
+        CORES_ENV: str(len(physical_cores())),
         "PATH": os.pathsep.join(dict.fromkeys([venv_bin, "/usr/bin", "/bin"])),
         "HOME": str(home),
         "PYTHONPATH": str(package_parent()),

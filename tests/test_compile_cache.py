@@ -22,6 +22,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from test_pipeline import _meta  # noqa: E402  (the nbgrader cell metadata the dummy lab uses)
 
 from autograder import compile_cache
+from autograder.cores import physical_cores
 from autograder.course import Course
 from autograder.grade import grade_submissions
 from autograder.sandbox import sandbox_unavailable_reason
@@ -123,7 +124,7 @@ def test_each_kernel_gets_a_fresh_copy_of_the_warm_cache(course, tmp_path):
     assert any(f"{LAB}: compile cache warmed" in x for x in log), log
     grader = digests(master(course))
     assert grader, "the warm-up left nothing in the grader's cache"
-    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(physical_cores())
     for student in ("first", "second"):
         r = report(course, student)
         assert r["files"] == grader, f"{student} did not get the grader's cache as it is"
@@ -146,13 +147,14 @@ def test_a_second_batch_reuses_the_cache_until_its_fingerprint_changes(course, m
     assert list(first) == ["entry"], first
     before = stamp.stat().st_mtime_ns
     assert compile_cache.warm(course, LAB, log.append) == first
-    assert len(log) == 1 and stamp.stat().st_mtime_ns == before, "warmed again for nothing"
+    assert stamp.stat().st_mtime_ns == before, "warmed again for nothing"
+    assert len(log) == 2 and "using the warm compile cache" in log[1], log
     (master(course) / "stale").write_text("from an older torch")
     real = compile_cache.fingerprint
     monkeypatch.setattr(compile_cache, "fingerprint",
                         lambda cmds, env: {**real(cmds, env), "torch": "x"})
     again = compile_cache.warm(course, LAB, log.append)
-    assert len(log) == 2 and "warmed" in log[1], log
+    assert len(log) == 3 and "warmed" in log[2], log
     assert again and "stale" not in again, "the old cache was kept"
 
 
@@ -200,3 +202,14 @@ def test_lab05_warms_what_its_bench_cell_runs():
                        as_version=4)
     bench = [c.source for c in nb.cells if "subprocess.run(cmd" in c.source]
     assert len(bench) == 1 and "cmd = [sys.executable, *lab05.bench_command()]" in bench[0]
+
+
+@pytest.mark.parametrize("flags, expected", [([], True), (["--no-compile-cache"], False)])
+def test_grade_uses_the_cache_unless_told_not_to(course, monkeypatch, tmp_path, flags, expected):
+    import autograder.__main__ as cli
+    import autograder.grade
+    seen = {}
+    monkeypatch.setattr(autograder.grade, "grade_submissions",
+                        lambda course, subdir, **kw: seen.update(kw) or [])
+    cli.main(["grade", str(tmp_path), "--root", str(course.root), *flags])
+    assert seen["compile_cache"] is expected

@@ -93,3 +93,19 @@ def test_each_running_job_gets_a_set_of_its_own(monkeypatch):
     job = {"student": "s", "limits": {"notebook_timeout": 10}}
     assert run(job) == {"ok": True} and seen == [[0]]
     assert "cpus" not in job["limits"], "the batch's own job dict was changed"
+
+
+@pytest.mark.parametrize("env, expected", [({"OMP_NUM_THREADS": "3", cores.CORES_ENV: "2"}, 3),
+                                           ({cores.CORES_ENV: "2"}, 2), ({}, None)])
+def test_restore_torch_threads_follows_the_setting_then_the_cores(monkeypatch, env, expected):
+    import torch
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(cores.CORES_ENV, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    before = torch.get_num_threads()
+    try:
+        n = cores.restore_torch_threads()
+        assert n == torch.get_num_threads() == (expected or len(cores.physical_cores()))
+    finally:
+        torch.set_num_threads(before)

@@ -40,7 +40,7 @@ def code_cells(lab: str) -> list[tuple[str, str]]:
 
 def pick(cells, start: str) -> str:
     found = [src for _, src in cells if src.startswith(start)]
-    assert len(found) == 1, f"lab 02 has {len(found)} code cells starting with {start!r}"
+    assert len(found) == 1, f"the lab has {len(found)} code cells starting with {start!r}"
     return found[0]
 
 
@@ -154,7 +154,7 @@ def lab05_namespace():
 
 def test_lab05_measurements_hold_with_a_busy_core(lab05_namespace):
     cells, ns = lab05_namespace
-    measure, plot = pick(cells, "import json\nimport subprocess"), pick(cells, "ks = np.array(")
+    measure, plot = pick(cells, "import json\nimport shlex\nimport subprocess"), pick(cells, "ks = np.array(")
     runs = []
     with competing_cpu_load():
         for _ in range(RUNS):
