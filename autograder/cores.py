@@ -50,10 +50,19 @@ def restore_torch_threads() -> int:
     CPU probe uses when torch loads, and torch then starts on one thread whatever
     OMP_NUM_THREADS says. Returns the number of threads."""
     import torch
-    n = int(os.environ.get("OMP_NUM_THREADS") or 0) or int(os.environ.get(CORES_ENV) or 0) \
-        or len(physical_cores())
+    n = _count(os.environ.get("OMP_NUM_THREADS")) or _count(os.environ.get(CORES_ENV)) or \
+        len(physical_cores())
     torch.set_num_threads(n)
     return n
+
+
+def _count(value: str | None) -> int:
+    """A positive thread count from an environment variable, else 0 (unset, or a value such as
+    OpenMP's nested "4,2" that torch reads its own way)."""
+    try:
+        return max(0, int(value or 0))
+    except ValueError:
+        return 0
 
 
 def _parse_cpu_list(text: str) -> set[int]:

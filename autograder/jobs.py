@@ -3,7 +3,9 @@
     build_job(course, student, lab)   grader: the submission's notebooks with nbgrader's locked
                                       cells restored from the gradebook (nbgrader's own
                                       sanitizing preprocessors), the lab's released assets,
-                                      limits. A JSON-serialisable dict, no path into the course.
+                                      limits (and, added by the grader, the lab's warm compile
+                                      cache: autograder/compile_cache.py). A JSON-serialisable
+                                      dict, no path into the course.
     execute_job(job) -> result        anywhere (this process, a local pool, a Dask worker): runs
                                       `python -m autograder.jobs IN OUT` under memory / file /
                                       wall-clock limits; that process executes each notebook

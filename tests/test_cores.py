@@ -96,7 +96,8 @@ def test_each_running_job_gets_a_set_of_its_own(monkeypatch):
 
 
 @pytest.mark.parametrize("env, expected", [({"OMP_NUM_THREADS": "3", cores.CORES_ENV: "2"}, 3),
-                                           ({cores.CORES_ENV: "2"}, 2), ({}, None)])
+                                           ({cores.CORES_ENV: "2"}, 2), ({}, None),
+                                           ({"OMP_NUM_THREADS": "4,2", cores.CORES_ENV: "1"}, 1)])
 def test_restore_torch_threads_follows_the_setting_then_the_cores(monkeypatch, env, expected):
     import torch
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
