@@ -10,12 +10,14 @@ measures what that costs). Instead:
 * before a batch, `warm(course, lab)` runs them once in the grader, with
   TORCHINDUCTOR_CACHE_DIR set to `build/compile_cache/<lab>/inductor` (a folder no sandbox
   sees), and keeps the result for later batches while its fingerprint holds: the commands,
-  the Python and torch versions and the bytes of the course's packages. Anything else runs
-  them again;
+  the Python and torch versions, the bytes of the course's packages and the thread variables
+  a kernel gets (`OMP_NUM_THREADS` is part of Inductor's cache key). Anything else runs them
+  again;
 * each job carries the files (`job["compile_cache"]`, base64 like the lab's assets, so a Dask
   worker gets them too), and the job process writes them into a folder of the kernel's own,
-  bound into its sandbox, and sets TORCHINDUCTOR_CACHE_DIR there (`install`). A kernel that rewrites its copy changes its own
-  grading only: the next job gets a fresh copy of the grader's.
+  bound into its sandbox, and sets TORCHINDUCTOR_CACHE_DIR there (`install`). A kernel that
+  rewrites its copy changes its own grading only: the next job gets a fresh copy of the
+  grader's.
 
 A warm-up that fails or runs past WARMUP_TIMEOUT_S is logged and the batch is graded without
 the cache, as before: it costs time, never a grade.
