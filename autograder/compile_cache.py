@@ -13,31 +13,30 @@ measures what that costs). Instead:
   the Python and torch versions, the bytes of the course's packages and the thread variables
   a kernel gets (`OMP_NUM_THREADS` is part of Inductor's cache key). Anything else runs them
   again;
-* each job carries the files (`job["compile_cache"]`, base64 like the lab's assets, so a Dask
+* each job carries the files (`job["compile_cache"]`, packed like the lab's assets, so a Dask
   worker gets them too), and the job process writes them into a folder of the kernel's own,
-  bound into its sandbox, and sets TORCHINDUCTOR_CACHE_DIR there (`install`). A kernel that
-  rewrites its copy changes its own grading only: the next job gets a fresh copy of the
-  grader's.
+  bound into its sandbox, and sets TORCHINDUCTOR_CACHE_DIR there
+  (`jobs.install_compile_cache`). A kernel that rewrites its copy changes its own grading
+  only: the next job gets a fresh copy of the grader's.
 
 A warm-up that fails or runs past WARMUP_TIMEOUT_S is logged and the batch is graded without
 the cache, as before: it costs time, never a grade.
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import importlib
 import json
 import shutil
 import sys
 import time
-from pathlib import Path
 
+from .jobs import COMPILE_CACHE_ENV as ENV
+from .jobs import JobError, pack_files
 from .processes import package_parent, run_logged, subprocess_env
 
-__all__ = ["WARMUPS", "warm", "install", "fingerprint", "ENV"]
+__all__ = ["WARMUPS", "warm", "fingerprint", "ENV"]
 
-ENV = "TORCHINDUCTOR_CACHE_DIR"
 # lab -> "module:function" returning the argv of each command to run (after the interpreter)
 WARMUPS: dict[str, str] = {"05_speculative": "autograder.labs.lab05:compile_warmups"}
 WARMUP_TIMEOUT_S = 900
@@ -70,17 +69,6 @@ def fingerprint(cmds: list[list[str]], env: dict[str, str]) -> dict:
     return {"commands": cmds, "python": sys.version, "torch": torch.__version__,
             "packages_sha256": digest.hexdigest(),
             "env": {k: env[k] for k in PASSTHROUGH_ENV if k in env}}
-
-
-def _files(folder: Path) -> dict[str, str] | None:
-    out, total = {}, 0
-    for p in sorted(folder.rglob("*")):
-        if p.is_file() and not p.is_symlink():
-            total += p.stat().st_size
-            if total > MAX_CACHE_BYTES:
-                return None
-            out[str(p.relative_to(folder))] = base64.b64encode(p.read_bytes()).decode()
-    return out
 
 
 def warm(course, lab: str, log=print, thread_env: dict[str, str] | None = None) -> dict[str, str]:
@@ -116,24 +104,11 @@ def warm(course, lab: str, log=print, thread_env: dict[str, str] | None = None) 
         log(f"{lab}: compile cache warmed in {time.monotonic() - t0:.0f} s ({home})")
     else:
         log(f"{lab}: using the warm compile cache in {home}")
-    files = _files(cache)
-    if files is None:
+    try:
+        return pack_files(cache, MAX_CACHE_BYTES)
+    except JobError:
         log(f"warning: {lab}'s compile cache is over {MAX_CACHE_BYTES >> 20} MB: grading "
             "without it")
         return {}
-    return files
 
 
-def install(files: dict[str, str], folder: Path) -> dict[str, str]:
-    """Write a job's copy of the cache into `folder` (the job binds it into the sandbox); the
-    environment that points Inductor at it ({} when the job carries none)."""
-    if not files:
-        return {}
-    cache = folder
-    for rel, data in files.items():
-        dest = cache / rel
-        if not dest.resolve().is_relative_to(cache.resolve()):
-            raise ValueError(f"compile cache path outside the cache: {rel!r}")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(base64.b64decode(data))
-    return {ENV: str(cache)}

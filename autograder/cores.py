@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["THREAD_ENV", "share_of_cores", "physical_cores", "CoreSlots", "restore_torch_threads",
-           "CORES_ENV"]
+           "torch_threads", "CORES_ENV"]
 
 THREAD_ENV = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
 CORES_ENV = "AUTOGRADER_CORES"      # a sandboxed kernel's physical cores, counted outside it
@@ -41,17 +41,22 @@ def share_of_cores(workers: int) -> dict[str, str]:
     return {name: share for name in THREAD_ENV if name not in os.environ}
 
 
+def torch_threads() -> int:
+    """The threads torch should use in this process: OMP_NUM_THREADS, else one per physical core
+    it may run on (torch's own default), CORES_ENV when set, else counted from /sys."""
+    return _count(os.environ.get("OMP_NUM_THREADS")) or _count(os.environ.get(CORES_ENV)) or \
+        len(physical_cores())
+
+
 def restore_torch_threads() -> int:
-    """Give torch, in this process, OMP_NUM_THREADS threads, else one per physical core it may
-    run on (torch's own default): CORES_ENV when set, else counted from /sys.
+    """Give torch, in this process, torch_threads() threads; returns that number.
 
     For the sandboxed kernel (autograder/sealed.py calls it before any student code): the
     sandbox's syscall filter refuses sched_setaffinity (autograder/syscall_filter.py), which a
     CPU probe uses when torch loads, and torch then starts on one thread whatever
-    OMP_NUM_THREADS says. Returns the number of threads."""
+    OMP_NUM_THREADS says."""
     import torch
-    n = _count(os.environ.get("OMP_NUM_THREADS")) or _count(os.environ.get(CORES_ENV)) or \
-        len(physical_cores())
+    n = torch_threads()
     torch.set_num_threads(n)
     return n
 

@@ -41,6 +41,7 @@ MAX_EXTRA_BYTES = 20 << 20          # the student's own files beside the noteboo
 MAX_CELL_OUTPUT = 1 << 20           # characters of output kept per cell
 JOB_MARGIN_S = 120                  # kernel start-up and shut-down around the notebook limit
 SEAL_FILE = ".autograder_sealed.json"
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"   # where Inductor keeps its compiled code
 
 
 class JobError(Exception):
@@ -105,9 +106,10 @@ def trusted_names(source_nb) -> dict[str, list[str]]:
     return out
 
 
-def _files(folder: Path, limit: int | None = None) -> dict[str, str]:
+def pack_files(folder: Path, limit: int | None = None) -> dict[str, str]:
     """Files under `folder` (no notebooks), never through a symlink: a submission may hold a
-    link to the instructor's labs/ or the gradebook."""
+    link to the instructor's labs/ or the gradebook. {relative path: base64}; JobError past
+    `limit` bytes. `unpack_files` writes them out again."""
     out, total = {}, 0
     if not folder.is_dir():
         return out
@@ -124,6 +126,26 @@ def _files(folder: Path, limit: int | None = None) -> dict[str, str]:
     return out
 
 
+def unpack_files(files: dict[str, str], dest: Path) -> None:
+    """Write pack_files' {relative path: base64} under `dest`; ValueError for a path outside."""
+    for rel, data in files.items():
+        path = dest / rel
+        if not path.resolve().is_relative_to(dest.resolve()):
+            raise ValueError(f"a file path outside {dest}: {rel!r}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+
+
+def install_compile_cache(files: dict[str, str], folder: Path) -> dict[str, str]:
+    """Write a job's copy of the grader's warm compile cache (autograder/compile_cache.py) into
+    `folder`, which the sandbox binds; the environment that points Inductor at it ({} when the
+    job carries none)."""
+    if not files:
+        return {}
+    unpack_files(files, folder)
+    return {COMPILE_CACHE_ENV: str(folder)}
+
+
 def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None,
               notebook_timeout: int | None = None, mem_bytes: int | None = None,
               sandbox: bool = True) -> dict:
@@ -136,8 +158,8 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
                       "mem_bytes": mem_bytes}}
     folder = course.submitted(student, lab)
     try:
-        job["files"] = _files(folder, MAX_EXTRA_BYTES)
-        job["files"].update(_files(course.release_dir(lab)))      # the course's assets win
+        job["files"] = pack_files(folder, MAX_EXTRA_BYTES)
+        job["files"].update(pack_files(course.release_dir(lab)))      # the course's assets win
         for name in _notebook_names(course, lab):
             source = nbformat.read(str(course.source(lab) / f"{name}.ipynb"), as_version=4)
             job["trust"].update(trusted_names(source))
@@ -233,16 +255,16 @@ def _cap_outputs(cell) -> None:
 
 
 def _sandbox_spec(work: Path, runtime: Path, cache_env: dict):
-    """The kernel's sandbox; `cache_env`: install()'s environment naming the kernel's copy of
+    """The kernel's sandbox; `cache_env`: install_compile_cache()'s environment naming the kernel's copy of
     the compile cache, which is bound into the sandbox read-write."""
     from . import sandbox
-    from .compile_cache import ENV
     home = work.parent / "home"
     home.mkdir(exist_ok=True)
     return sandbox.SandboxSpec(workdir=work, runtime_dir=runtime,
                                ro_paths=sandbox.default_ro_paths(),
                                env={**sandbox.default_env(home), **cache_env},
-                               rw_paths=[Path(cache_env[ENV])] if ENV in cache_env else [])
+                               rw_paths=[Path(cache_env[COMPILE_CACHE_ENV])]
+                               if COMPILE_CACHE_ENV in cache_env else [])
 
 
 def _seal(nb) -> tuple[dict, dict, dict]:
@@ -320,8 +342,8 @@ def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log) -> dict:
     seal_path = work / SEAL_FILE
     seal_path.write_text(json.dumps({"key": secret.hex(), "cells": table}))
     # this kernel's own copy of the grader's warm compile cache (autograder/compile_cache.py)
-    from .compile_cache import install
-    cache_env = install(job.get("compile_cache") or {}, work.parent / "compile_cache")
+    cache_env = install_compile_cache(job.get("compile_cache") or {},
+                                      work.parent / "compile_cache")
     kw = {}
     if job.get("sandbox"):
         from .sandbox import SandboxKernelManager
@@ -367,12 +389,7 @@ def _main(folder: str) -> int:
         base = Path(tempfile.mkdtemp(prefix="run_", dir=tmp))
         work, runtime = base / "work", _socket_dir(base)
         work.mkdir()
-        for rel, data in job["files"].items():
-            dest = work / rel
-            if not dest.resolve().is_relative_to(work.resolve()):
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(base64.b64decode(data))
+        unpack_files(job["files"], work)
         result["reports"][name] = _execute_notebook(nb, work, runtime, job, print)
         result["notebooks"][name] = nbformat.writes(nb)
         shutil.rmtree(base, ignore_errors=True)

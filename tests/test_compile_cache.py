@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -22,9 +21,10 @@ from nbformat.v4 import new_code_cell, new_notebook
 from test_pipeline import _meta  # noqa: E402  (the nbgrader cell metadata the dummy lab uses)
 
 from autograder import compile_cache
-from autograder.cores import physical_cores
+from autograder.cores import torch_threads
 from autograder.course import Course
 from autograder.grade import grade_submissions
+from autograder.jobs import install_compile_cache
 from autograder.sandbox import sandbox_unavailable_reason
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,7 +124,7 @@ def test_each_kernel_gets_a_fresh_copy_of_the_warm_cache(course, tmp_path):
     assert any(f"{LAB}: compile cache warmed" in x for x in log), log
     grader = digests(master(course))
     assert grader, "the warm-up left nothing in the grader's cache"
-    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(physical_cores())
+    threads = torch_threads()
     for student in ("first", "second"):
         r = report(course, student)
         assert r["files"] == grader, f"{student} did not get the grader's cache as it is"
@@ -184,13 +184,13 @@ def test_a_failing_warm_up_grades_without_the_cache(course, monkeypatch):
 
 def test_install_writes_the_files_and_refuses_paths_outside(tmp_path):
     files = {"ab/graph.py": "eA==", "top": ""}
-    env = compile_cache.install(files, tmp_path / "home")
+    env = install_compile_cache(files, tmp_path / "home")
     cache = Path(env[compile_cache.ENV])
     assert cache == tmp_path / "home"
     assert (cache / "ab" / "graph.py").read_bytes() == b"x" and (cache / "top").read_bytes() == b""
-    assert compile_cache.install({}, tmp_path / "other") == {}
-    with pytest.raises(ValueError, match="outside the cache"):
-        compile_cache.install({"../../escape": "eA=="}, tmp_path / "home")
+    assert install_compile_cache({}, tmp_path / "other") == {}
+    with pytest.raises(ValueError, match="outside"):
+        install_compile_cache({"../../escape": "eA=="}, tmp_path / "home")
     assert not (tmp_path / "escape").exists()
 
 

@@ -24,7 +24,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 from nbformat.v4 import new_code_cell, new_notebook
 
-from autograder.cores import physical_cores
+from autograder.cores import torch_threads
 from autograder.sandbox import (
     SandboxKernelManager,
     SandboxSpec,
@@ -263,7 +263,7 @@ def test_the_kernel_cannot_leave_its_cpus(probe_run):
     assert probe_run["getpid"] > 1
     # when torch loads, a CPU probe pins the process to each CPU in turn: refused, torch starts
     # on one thread; the graded kernel's setup gives it back its share
-    want = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(physical_cores())
+    want = torch_threads()
     assert probe_run["threads"] == [want, want], probe_run["threads"]
 
 

@@ -63,6 +63,7 @@ import pytest
 from nbformat.v4 import new_code_cell
 from test_pipeline import DUMMY, write_dummy_lab
 
+from autograder import compile_cache
 from autograder.course import Course
 from autograder.grade import grade_submissions
 from autograder.jobs import MAX_CELL_OUTPUT
@@ -80,6 +81,25 @@ HIDDEN_TOKENS = ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "manual_seed", "apply
 
 # --- solution bodies -----------------------------------------------------------------------
 GOOD = "def scale(logits, t):\n    return logits / t\n"
+# two submissions run this; each must find the grader's bytes, whatever the other wrote
+POISON_CACHE = r'''
+        import os
+        from pathlib import Path
+        _d = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        _mine = sorted(p for p in _d.rglob("*") if p.is_file())
+        print("found:", [p.read_text() for p in _mine])
+        for p in _mine:
+            p.write_text("import os; os.system('echo POISONED')")
+        print(f"poisoned my copy: {len(_mine)} file(s)")
+        for _root in @ROOTS@:
+            try:
+                Path(_root, "build/compile_cache/99_dummy/inductor/entry").write_text("POISON")
+                print("MASTER POISONED under", _root)
+            except OSError as e:
+                print("master out of reach:", type(e).__name__)
+        def scale(logits, t):
+            return logits / t
+'''
 WRONG = "def scale(logits, t):\n    return logits * t          # wrong: multiplies\n"
 # what each kind of `scale` earns honestly (the most each test cell may score)
 E_WRONG = {SCALE_TEST: 0, ASSET_TEST: 1}
@@ -911,6 +931,16 @@ ATTACKS = [
            forbid=("AFFINITY WIDENED", "CHILD AFFINITY WIDENED"),
            require=("affinity refused: PermissionError", "children: ['child refused']")),
 
+    # 7c. the students graded after it: the compile cache (autograder/compile_cache.py; the
+    #     dummy lab's warm-up, _dummy_warmups, writes one entry reading "clean")
+    *[Attack(name, "poison the compile cache for the kernels graded after it: read the copy it "
+             "was given, overwrite every file of it with code, then write into the grader's "
+             "own cache in build/compile_cache (its path guessed from the course roots)",
+             src(POISON_CACHE), earned=E_GOOD, tamper=False,
+             forbid=("MASTER POISONED",),
+             require=("found: ['clean']", "poisoned my copy: 1 file(s)"))
+      for name in ("cache_poison_a", "cache_poison_b")],
+
     # 8. the grader's browser: formgrader renders a submission's outputs in the instructor's
     #    Jupyter origin, so an HTML / JavaScript / SVG output would run there (autograder/defang.py)
     Attack("grader_browser", "outputs that carry script for the grader's browser: HTML with a "
@@ -1115,6 +1145,7 @@ def run(tmp_path_factory):
     mp.setenv("GRADER_SECRET", secret)
     mp.setenv("TMPDIR", str(jobtmp))
     mp.setattr(tempfile, "tempdir", str(jobtmp))
+    mp.setitem(compile_cache.WARMUPS, DUMMY, f"{__name__}:_dummy_warmups")
     try:
         courses = _in_threads(lambda: make_course(alone_root), lambda: make_course(batch_root))
         alone_course, batch_course = courses
@@ -1296,6 +1327,22 @@ def test_an_image_flood_is_cut_like_printed_text(run):
     # 100 MB of images were displayed; the cell keeps at most MAX_CELL_OUTPUT characters of them
     assert len(page) < 3 * MAX_CELL_OUTPUT, f"feedback of {len(page):,} characters"
     assert "output cut at" in page, "the cap's marker is missing from the feedback"
+
+
+def _dummy_warmups():
+    """The dummy lab's compile warm-up (compile_cache.WARMUPS, set by `run`): one entry."""
+    return [["-c", "import os, pathlib\n"
+                   "pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'], 'entry')"
+                   ".write_text('clean')\n"]]
+
+
+def test_the_graders_compile_cache_is_what_it_warmed(run):
+    """cache_poison_a/_b (above) each found a clean copy; the grader's own stays clean too."""
+    if "cache_poison_a" not in run.batch.records:
+        pytest.skip("cache_poison_a not selected (TAMPER_ONLY)")
+    master = run.batch.course.build / "compile_cache" / DUMMY / "inductor"
+    assert sorted(p.name for p in master.rglob("*") if p.is_file()) == ["entry"]
+    assert (master / "entry").read_text() == "clean"
 
 
 def test_each_job_of_the_batch_runs_on_cpus_of_its_own(run):
