@@ -10,6 +10,7 @@ Test-cell helpers (import them in graded cells):
         generate(model, prompt, n)
     assert work.tokens == len(prompt) + n - 1
     check_ratio(lambda: naive(x), lambda: cached(x), at_least=2, what="cached vs naive")
+    evidence(out, "top_p_filter(logits, 0.9)", atol=2e-5)   # hidden tests: judged by the grader
 
 Command line (see autograder/README.md): python -m autograder release | grade | selfgrade.
 
@@ -24,7 +25,7 @@ import importlib
 
 _HOME = {"assert_close": "checks", "reference_disabled": "checks", "WorkCounter": "checks",
          "time_ratio": "timing", "check_ratio": "timing", "RatioResult": "timing",
-         "cuda_sync": "timing"}
+         "cuda_sync": "timing", "evidence": "judge"}
 __all__ = list(_HOME)
 
 

@@ -24,7 +24,6 @@ the cache, as before: it costs time, never a grade.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import shutil
@@ -33,7 +32,7 @@ import time
 
 from .jobs import COMPILE_CACHE_ENV as ENV
 from .jobs import JobError, pack_files
-from .processes import package_parent, run_logged, subprocess_env
+from .processes import packages_sha256, run_logged, subprocess_env
 
 __all__ = ["WARMUPS", "warm", "fingerprint", "ENV"]
 
@@ -61,13 +60,8 @@ def fingerprint(cmds: list[list[str]], env: dict[str, str]) -> dict:
     import torch
 
     from .sandbox import PASSTHROUGH_ENV
-    digest = hashlib.sha256()
-    root = package_parent()
-    for pkg in PACKAGES:
-        for p in sorted((root / pkg).rglob("*.py")):
-            digest.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
     return {"commands": cmds, "python": sys.version, "torch": torch.__version__,
-            "packages_sha256": digest.hexdigest(),
+            "packages_sha256": packages_sha256(PACKAGES),
             "env": {k: env[k] for k in PASSTHROUGH_ENV if k in env}}
 
 

@@ -10,13 +10,16 @@ registered; then, per submission (autograder/jobs.py):
 
 1. the grader builds a job: the notebook with its locked cells restored from the gradebook, the
    lab's released assets, the limits, and a copy of the lab's compile cache, which the grader
-   warms once with the course's own commands (autograder/compile_cache.py; lab 05);
+   warms once with the course's own commands (autograder/compile_cache.py; lab 05); the
+   grader also runs each lab's own notebook once (cached while it is unchanged) for the values
+   its tests check (autograder/judge.py);
 2. the jobs are executed, `--jobs N` at a time on this machine (each on CPUs of its own:
    autograder/cores.py) or on the workers of a Dask cluster (`--scheduler tcp://HOST:PORT`),
    each in a limited child process whose kernel runs in a sandbox (autograder/sandbox.py) with
    the locked cells sealed (autograder/sealed.py);
 3. the grader alone records each result with `nbgrader autograde` (replaying the executed
-   notebook) into the gradebook, one submission at a time, in the order found.
+   notebook) into the gradebook, one submission at a time, in the order found, after checking
+   that every test that passed in the kernel showed the reference run's values.
 
 A crashing, hanging or tampering notebook is graded (zero for what did not run or cannot be
 trusted) and the batch goes on. Then build/grades.csv (`nbgrader export`) and one feedback HTML
@@ -93,7 +96,7 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
                       feedback: bool = True, csv: bool = True, workers: int = 1,
                       scheduler: str | None = None, sandbox: bool = True,
                       feedback_hidden_tests: bool = False, compile_cache: bool = True,
-                      log=print) -> list[GradeRecord]:
+                      evidence: bool = True, log=print) -> list[GradeRecord]:
     """Grade every DIR/<student>/<lab>/ submission (see the module docstring). `sandbox=False`
     runs the kernels without the sandbox (a warning is printed); with `sandbox=True` this
     raises RuntimeError when the machine has no working sandbox."""
@@ -142,6 +145,11 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
                 job["compile_cache"] = caches[job["lab"]]
     for job in jobs:
         job["limits"]["thread_env"] = threads
+    references = {}
+    if evidence:                        # what each test's values must match
+        from .reference_run import reference
+        references = {lab: reference(course, lab, log, thread_env=threads, sandbox=sandbox)
+                      for lab in labs}
     execute, where = _jobs.execute_job, f"on the Dask cluster at {scheduler}"
     if not scheduler:
         where = f"{running} at a time on this machine"
@@ -160,7 +168,7 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
     records = []
     for i, (job, result) in enumerate(zip(jobs, results), 1):
         try:
-            rec = _jobs.record(course, job, result)
+            rec = _jobs.record(course, job, result, reference=references.get(job["lab"]))
         except Exception as e:                  # the batch goes on whatever happens
             log(f"    grader error: {e!r}")
             try:
@@ -249,7 +257,8 @@ def main_grade(args, course: Course | None = None) -> int:
                                 feedback=not args.no_feedback, workers=args.jobs,
                                 scheduler=args.scheduler, sandbox=not args.no_sandbox,
                                 feedback_hidden_tests=args.feedback_with_hidden_tests,
-                                compile_cache=not args.no_compile_cache)
+                                compile_cache=not args.no_compile_cache,
+                                evidence=not args.no_reference_run)
     return 0 if records else 1
 
 

@@ -22,7 +22,9 @@
 Inside the job process the trusted executor turns each signed verdict into the test cell's
 outputs: a passing test keeps no error output, a failing one gets exactly its failure message
 (never a traceback through hidden test code), and a test cell without a signed verdict scores
-zero with status `tampered: ...`.
+zero with status `tampered: ...`. It also takes the values the tests showed (autograder/judge.py)
+out of the notebook into the report; `record` compares them with the lab's reference run
+(`build_reference_job`: the lab's own notebook, run as a job) before nbgrader scores anything.
 """
 from __future__ import annotations
 
@@ -146,16 +148,21 @@ def install_compile_cache(files: dict[str, str], folder: Path) -> dict[str, str]
     return {COMPILE_CACHE_ENV: str(folder)}
 
 
+def _new_job(course, student: str, lab: str, cell_timeout: int | None,
+             notebook_timeout: int | None, mem_bytes: int | None, sandbox: bool) -> dict:
+    return {"student": student, "lab": lab, "notebooks": {}, "files": {}, "trust": {},
+            "sandbox": sandbox,
+            "limits": {"cell_timeout": cell_timeout or course.configured_cell_timeout(),
+                       "notebook_timeout": notebook_timeout or
+                       course.configured_notebook_timeout(),
+                       "mem_bytes": mem_bytes}}
+
+
 def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None,
               notebook_timeout: int | None = None, mem_bytes: int | None = None,
               sandbox: bool = True) -> dict:
     import nbformat
-    job = {"student": student, "lab": lab, "notebooks": {}, "files": {}, "trust": {},
-           "sandbox": sandbox,
-           "limits": {"cell_timeout": cell_timeout or course.configured_cell_timeout(),
-                      "notebook_timeout": notebook_timeout or
-                      course.configured_notebook_timeout(),
-                      "mem_bytes": mem_bytes}}
+    job = _new_job(course, student, lab, cell_timeout, notebook_timeout, mem_bytes, sandbox)
     folder = course.submitted(student, lab)
     try:
         job["files"] = pack_files(folder, MAX_EXTRA_BYTES)
@@ -172,6 +179,44 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
     except JobError as e:
         job["rejected"] = str(e)
     return job
+
+
+def build_reference_job(course, lab: str, *, sandbox: bool = True) -> dict:
+    """The job of the lab's source notebook, solutions included (the reference run of
+    autograder/reference_run.py): executed like a submission, sealed and sandboxed the same
+    way, without the free code cells that no later nbgrader cell needs (`_needed_cells`)."""
+    import nbformat
+    job = _new_job(course, "reference", lab, None, None, None, sandbox)
+    job["files"] = pack_files(course.release_dir(lab))
+    for name in _notebook_names(course, lab):
+        source = nbformat.read(str(course.source(lab) / f"{name}.ipynb"), as_version=4)
+        job["trust"].update(trusted_names(source))
+        code = [c for c in source.cells if c.cell_type == "code"]
+        keep = _needed_cells(code)
+        for cell, kept in zip(code, keep):
+            cell.outputs, cell.execution_count = [], None
+            if not kept:
+                cell.source = "# a free cell no test needs: not run in the reference run"
+        job["notebooks"][name] = nbformat.writes(source)
+    return job
+
+
+def _needed_cells(cells) -> list[bool]:
+    """Which code cells a reference run executes: every nbgrader cell (locked, solution or
+    graded), and each free cell (the lab's measurements and plots) that binds a name a later
+    executed cell mentions, found backwards from the last cell. A cell that does not parse is
+    kept."""
+    from .seal import bound_names, used_names
+    needed: set[str] = set()
+    keep = [False] * len(cells)
+    for i in range(len(cells) - 1, -1, -1):
+        role = cells[i].metadata.get("nbgrader", {})
+        used = used_names(cells[i].source)
+        keep[i] = bool(role.get("locked") or role.get("solution") or role.get("grade")) or \
+            used is None or bool(bound_names(cells[i].source) & needed)
+        if keep[i]:
+            needed |= used or set()
+    return keep
 
 
 def execute_job(job: dict) -> dict:
@@ -366,6 +411,8 @@ def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log) -> dict:
         report["setup_error"] = ex.setup_error
         log(f"the sealed-cell setup failed in the kernel: {ex.setup_error}")
     _apply_verdicts(nb, stubs, table, original, records, report)
+    from .judge import take  # the values the tests checked, judged by the grader
+    report["evidence"] = take(nb, {i["grade_id"] for i in table.values() if i["kind"] == "test"})
     for cell in nb.cells:
         if cell.cell_type == "code":
             _cap_outputs(cell)
@@ -432,12 +479,18 @@ def status_of(result: dict) -> str:
     return "ok"
 
 
-def record(course, job: dict, result: dict, *, log_dir: Path | None = None):
-    """nbgrader autograde with the executed notebooks replayed; the GradeRecord."""
+def record(course, job: dict, result: dict, *, log_dir: Path | None = None,
+           reference: dict | None = None):
+    """nbgrader autograde with the executed notebooks replayed; the GradeRecord. `reference`:
+    the lab's reference-run evidence (autograder/judge.py), which each test that passed in
+    the kernel must match."""
     import nbformat
 
     from .records import GradeRecord
     student, lab = job["student"], job["lab"]
+    if reference and not result.get("error") and not job.get("rejected"):
+        from .judge import judge
+        judge(result, reference)
     replay_root = course.build / "executed"
     dest = replay_root / student / lab
     shutil.rmtree(dest, ignore_errors=True)

@@ -39,6 +39,17 @@ def package_parent() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def packages_sha256(packages) -> str:
+    """A SHA-256 of the Python sources of the course's `packages` (names and bytes)."""
+    import hashlib
+    digest = hashlib.sha256()
+    root = package_parent()
+    for pkg in packages:
+        for p in sorted((root / pkg).rglob("*.py")):
+            digest.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return digest.hexdigest()
+
+
 def subprocess_env(extra: dict | None = None) -> dict:
     """Environment for nbgrader subprocesses: the venv's bin first on PATH (nbgrader shells out
     to `alembic`), and the directory holding `autograder`/`minillm` on PYTHONPATH so the kernel

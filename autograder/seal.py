@@ -21,6 +21,15 @@ def to_python(source: str) -> str:
     return TransformerManager().transform_cell(source)
 
 
+def used_names(source: str) -> set[str] | None:
+    """Every name a cell mentions (None when it does not parse)."""
+    try:
+        tree = ast.parse(to_python(source))
+    except SyntaxError:
+        return None
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
 def bound_names(source: str) -> set[str]:
     """Top-level names a cell binds: assignments, imports, defs, classes, for/with targets."""
     try:

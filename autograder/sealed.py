@@ -39,9 +39,13 @@ inside its own kernel (e.g. patching a module attribute *during* a test and rest
 the test ends, or a Python signal handler fired by a timer while the hook runs, which receives
 the hook's frame), reaches frames through a library helper (`inspect.stack()`), or reads the
 process's memory through a primitive that raises no audit event (`ctypes.cast`, ctypes being
-loaded by torch already; numpy's as_strided): with the secret it can sign a report of its own.
-tests/test_tamper.py keeps such an attack as a known success (`memory_read`). Such code can change its own score and nothing else: every submission runs in
-its own sandbox (autograder/sandbox.py), and only the trusted grader writes the gradebook.
+loaded by torch already; numpy's as_strided): with the secret it can sign a report of its own
+(tests/test_tamper.py, `memory_read`). A signed verdict is therefore not the whole judgement: a
+hidden test also shows the grader the values it checked, and the grader compares them with the
+lab's reference run outside the kernel (autograder/judge.py), so a forged verdict without the
+right values earns nothing. Such code can change its own verdicts and nothing else: every
+submission runs in its own sandbox (autograder/sandbox.py), and only the trusted grader writes
+the gradebook.
 """
 from __future__ import annotations
 
@@ -177,6 +181,8 @@ def install(path: str) -> None:
     restore_torch_threads()                     # the sandbox's filter leaves torch on one
     import minillm  # noqa: F401
     autograder.bind()                           # the helpers, bound before any student code
+    import autograder.judge
+    autograder.judge.SHOWING = True             # hidden tests show the grader their values
     try:
         import tqdm.std
         tqdm.std.tqdm.monitor_interval = 0      # no monitor thread: the checks refuse threads

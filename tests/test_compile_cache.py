@@ -20,7 +20,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 from test_pipeline import _meta  # noqa: E402  (the nbgrader cell metadata the dummy lab uses)
 
-from autograder import compile_cache
+from autograder import compile_cache, processes
 from autograder.cores import torch_threads
 from autograder.course import Course
 from autograder.grade import grade_submissions
@@ -168,7 +168,7 @@ def test_fingerprint_follows_the_course_packages_and_the_thread_env(monkeypatch,
     for pkg in compile_cache.PACKAGES:
         (fake / pkg).mkdir(parents=True)
         (fake / pkg / "m.py").write_text("x = 1\n")
-    monkeypatch.setattr(compile_cache, "package_parent", lambda: fake)
+    monkeypatch.setattr(processes, "package_parent", lambda: fake)
     one = fp(cmds, env)
     (fake / "minillm" / "m.py").write_text("x = 2\n")
     assert fp(cmds, env)["packages_sha256"] != one["packages_sha256"]

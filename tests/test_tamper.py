@@ -12,6 +12,7 @@ kernel); the hidden tests (history, file system, the test's frame); delegating t
 reference; the helpers the tests call (patched, rebound, state the integrity check does not
 snapshot); IPython's machinery; the sealed-cell hook (refused primitives, an audit hook of the
 notebook's own, code re-entering the hook, reading the kernel's memory, threads and signals);
+the values the tests show the grader (turned off, flooded);
 escaping the sandbox (files, processes, /proc/*/environ, network); the CPUs of the students
 graded beside it; robustness (not JSON,
 1,000,000 cells, 100 MB of output, an infinite loop, os._exit, 2 GiB); fake grade cells.
@@ -36,9 +37,9 @@ For every attack:
 * the batch finishes with one record per submission; a tampering attack ends `tampered: ...`
   or with 0 on the test cell and a reason.
 
-Wall time: the batch (25 submissions: each costs a job process, a sandboxed kernel and an
-`nbgrader autograde`) took 157-161 s in `make test` on 2 busy cores (the run fixture's setup in
-`pytest --durations`). `TAMPER_ONLY=name,name` grades only those attacks
+Wall time: the batch (30 submissions: each costs a job process, a sandboxed kernel and an
+`nbgrader autograde`; and one reference run of the dummy lab) took 155 s on 2 busy cores (the run
+fixture's setup in `pytest --durations`, 2026-11-27, beside the other grading tests). `TAMPER_ONLY=name,name` grades only those attacks
 (plus the honest submission), for working on one attack.
 """
 from __future__ import annotations
@@ -61,7 +62,7 @@ import nbformat
 import psutil
 import pytest
 from nbformat.v4 import new_code_cell
-from test_pipeline import DUMMY, write_dummy_lab
+from test_pipeline import DUMMY, dummy_course
 
 from autograder import compile_cache
 from autograder.course import Course
@@ -198,6 +199,23 @@ SHOW_LOOT = src(r'''
               _show([x for x in _c.co_consts if type(x) is not types.CodeType]))
 ''')
 
+# The kernel's own writable memory in chunks of 4 MB, read with ctypes.cast (no audit event).
+CTYPES_CHUNKS = src(r'''
+    import ctypes
+    def ctypes_chunks():
+        for line in open("/proc/self/maps").read().splitlines():
+            parts = line.split()
+            if len(parts) < 2 or not parts[1].startswith("rw") or \
+                    (len(parts) > 5 and parts[5].startswith("[") and parts[5] != "[heap]"):
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if hi - lo > (1 << 30):
+                continue
+            for off in range(lo, hi, 4 << 20):
+                n = min(4 << 20, hi - off)
+                yield ctypes.cast(off, ctypes.POINTER(ctypes.c_char * n)).contents.raw
+''')
+
 MEMSCAN = src(r'''
     import struct
     def memscan(pid, bytes_type_address, mem_path=None, limit=200000):
@@ -228,14 +246,18 @@ MEMSCAN = src(r'''
                     if len(data) == 32:
                         cands.add(data)
                     i = chunk.find(pattern, i + 1)
-                j = chunk.find(b"HIDDEN" + b" TESTS")
-                while j >= 0 and len(snippets) < 40:
-                    text = chunk[max(0, j - 400):j + 700].decode("utf-8", "replace")
-                    if "assert_close" in text:
-                        snippets.append(text)
-                    j = chunk.find(b"HIDDEN" + b" TESTS", j + 1)
+                find_hidden(chunk, snippets, "assert_close")
                 off += n
         return cands, snippets
+
+    def find_hidden(chunk, snippets, near):
+        """Add the text around each hidden-test marker in `chunk` that mentions `near`."""
+        j = chunk.find(b"HIDDEN" + b" TESTS")
+        while j >= 0 and len(snippets) < 40:
+            text = chunk[max(0, j - 400):j + 700].decode("utf-8", "replace")
+            if near in text:
+                snippets.append(text)
+            j = chunk.find(b"HIDDEN" + b" TESTS", j + 1)
 ''')
 
 
@@ -740,8 +762,10 @@ ATTACKS = [
            "/proc/<kernel pid>/mem; ctypes (already imported by torch, so `import ctypes` "
            "passes) whose cast / pointer reads raise no audit event: the HMAC secret (a 32-byte "
            "bytes object) and the hidden sources; a report signed with the secret says every "
-           "test passed",
-           WRONG + STEAL + MEMSCAN + src(r'''
+           "test passed (the tests themselves do not run: the integrity check refuses them "
+           "once `report` is replaced). A forged verdict comes without the values the test "
+           "shows the grader (autograder/judge.py): it must not earn the point",
+           WRONG + STEAL + MEMSCAN + CTYPES_CHUNKS + src(r'''
         import os, json, ctypes, struct, subprocess
         # the kernel's memory
         class _Name(str):
@@ -773,21 +797,11 @@ ATTACKS = [
         def memscan_ctypes(type_addr):
             pattern = struct.pack("<Qq", type_addr, 32)
             cands = []
-            for line in open("/proc/self/maps").read().splitlines():
-                parts = line.split()
-                if len(parts) < 2 or not parts[1].startswith("rw") or \
-                        (len(parts) > 5 and parts[5].startswith("[") and parts[5] != "[heap]"):
-                    continue
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                if hi - lo > (1 << 30):
-                    continue
-                for off in range(lo, hi, 4 << 20):
-                    n = min(4 << 20, hi - off)
-                    chunk = ctypes.cast(off, ctypes.POINTER(ctypes.c_char * n)).contents.raw
-                    i = chunk.find(pattern)
-                    while i >= 0:
-                        cands.append(chunk[i + 24:i + 56])
-                        i = chunk.find(pattern, i + 1)
+            for chunk in ctypes_chunks():
+                i = chunk.find(pattern)
+                while i >= 0:
+                    cands.append(chunk[i + 24:i + 56])
+                    i = chunk.find(pattern, i + 1)
             return cands
         try:
             cands = memscan_ctypes(id(bytes))
@@ -795,7 +809,41 @@ ATTACKS = [
             LOOT["candidates"] += cands
         except Exception as e:
             LOOT["notes"].append("ctypes: " + repr(e)[:200])
-    '''), at_end=[SHOW_LOOT], forbid=("secret found: True", "LEAKED SOURCE")),
+    '''), at_end=[SHOW_LOOT], require=("secret found: True", "route ctypes: secret True"),
+           forbid=("LEAKED SOURCE",)),
+    Attack("memory_read_sources", "ctypes.cast reads the kernel's own memory for the text of "
+           "the hidden tests (the sealed cells' sources, which the kernel must hold to run "
+           "them) and prints it, spaces doubled past the feedback's redaction",
+           WRONG + MEMSCAN + CTYPES_CHUNKS + src(r'''
+        _found = []
+        for _chunk in ctypes_chunks():
+            find_hidden(_chunk, _found, "apply_temperature(y")
+        print("hidden sources found:", len(_found))
+        for _s in list(dict.fromkeys(_found))[:2]:
+            print("LEAKED SOURCE:\n" + "  ".join(_s.split(" ")))
+    '''), require=("hidden sources found:",), forbid=("LEAKED SOURCE",), tamper=False),
+    Attack("evidence_off", "a right `scale`, but the kernel stops showing the grader the values "
+           "its tests check (autograder.judge.SHOWING = False), as a kernel that forges its "
+           "verdicts would: the test's points need the values",
+           src('''
+        import autograder.judge
+        autograder.judge.SHOWING = False
+        print("evidence off")
+    ''') + GOOD, earned=E_GOOD, require=("evidence off",)),
+    Attack("evidence_flood", "a right `scale` that, called by the hidden test, shows 5,000 fake "
+           "evidence items of 4 kB claiming any value passes (atol 1e9): over the grader's cap "
+           "per notebook, and never the reference's tolerance",
+           src('''
+        from IPython.display import display
+        print("flooding evidence")
+        def scale(logits, t):
+            if logits.dim() == 2:
+                fake = {"name": "scale(y, 0.7)", "value": {"shape": [1], "data": [0.0]},
+                        "atol": 1e9, "rtol": 1e9, "pad": "x" * 4000}
+                for _ in range(5000):
+                    display({"application/vnd.minillm.evidence+json": fake}, raw=True)
+            return logits / t
+    '''), earned=E_GOOD, require=("flooding evidence",)),
     Attack("sealed_hook_detected", "a background thread flips autograder.assert_close and "
            "autograder.checks._isclose to fakes and back in a loop; a SIGALRM handler "
            "(setitimer) gets frames during the test",
@@ -988,9 +1036,10 @@ BY_NAME = {a.name: a for a in ATTACKS}
 # Attacks that still succeed, each a strict xfail: the day one stops working, its test fails
 # and this entry goes. autograder/README.md ("Not guaranteed") says why they are open.
 KNOWN_OPEN = {
-    "memory_read": "the kernel reads its own memory with ctypes.cast (ctypes is loaded by torch, "
-                   "and cast raises no audit event), finds the secret that signs the verdicts "
-                   "and forges its own: one process cannot keep a secret from code it runs",
+    "memory_read_sources": "the kernel reads its own memory with ctypes.cast (ctypes is loaded "
+                           "by torch, and cast raises no audit event) and finds the hidden "
+                           "tests' text, which it must hold to run them: one process cannot "
+                           "hide the code it runs from other code it runs",
 }
 for _name, _why in KNOWN_OPEN.items():
     BY_NAME[_name].known_open = _why
@@ -1000,15 +1049,6 @@ SELECTED = [a for a in ATTACKS if not _ONLY or a.name in _ONLY]
 
 
 # --- the course, the servers, the batch ---------------------------------------------------------
-def make_course(root: Path) -> Course:
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
-    write_dummy_lab(root / "labs" / DUMMY)
-    course = Course(root)
-    assert course.release() == [DUMMY]
-    return course
-
-
 class Listener:
     """A TCP server on 127.0.0.1 and an abstract unix socket; records every connection."""
 
@@ -1147,7 +1187,7 @@ def run(tmp_path_factory):
     mp.setattr(tempfile, "tempdir", str(jobtmp))
     mp.setitem(compile_cache.WARMUPS, DUMMY, f"{__name__}:_dummy_warmups")
     try:
-        courses = _in_threads(lambda: make_course(alone_root), lambda: make_course(batch_root))
+        courses = _in_threads(lambda: dummy_course(alone_root), lambda: dummy_course(batch_root))
         alone_course, batch_course = courses
         released = nbformat.read(str(alone_course.release_dir(DUMMY) / f"{DUMMY}.ipynb"),
                                  as_version=4)
