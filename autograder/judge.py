@@ -24,8 +24,9 @@ checked, and the grader compares them with the values the instructor's own noteb
 What it proves: a cell whose evidence matches produced the reference's values on the test's
 inputs. A kernel that forges its verdicts must also produce those values, which takes the
 computation itself (or a copy of the reference, which the README lists as not prevented).
-What it does not prove: properties measured inside the kernel and not shown as evidence, such
-as a time ratio or a count of forward passes, which such a kernel can still forge.
+What it does not prove: anything the kernel measures about the student's code rather than
+computes with it. A time ratio, a count of forward passes or "the input was left unmodified"
+can be forged by such a kernel, shown or not: the right count is a number it can show.
 A test's evidence tolerance should be at least twice the tolerance its own assertion uses, so
 that every submission that passes the assertion also matches the reference.
 """
