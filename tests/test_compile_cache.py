@@ -204,12 +204,18 @@ def test_lab05_warms_what_its_bench_cell_runs():
     assert len(bench) == 1 and "cmd = [sys.executable, *lab05.bench_command()]" in bench[0]
 
 
-@pytest.mark.parametrize("flags, expected", [([], True), (["--no-compile-cache"], False)])
-def test_grade_uses_the_cache_unless_told_not_to(course, monkeypatch, tmp_path, flags, expected):
+@pytest.mark.parametrize("flags, expected", [
+    ([], {"compile_cache": True, "evidence": True}),
+    (["--no-compile-cache"], {"compile_cache": False, "evidence": True}),
+    (["--no-reference-run"], {"compile_cache": True, "evidence": False})])
+def test_grade_uses_the_cache_and_the_reference_run_unless_told_not_to(course, monkeypatch,
+                                                                        tmp_path, flags, expected):
+    """The warm compile cache (above) and the reference run (autograder/judge.py) are on by
+    default, each turned off by its flag."""
     import autograder.__main__ as cli
     import autograder.grade
     seen = {}
     monkeypatch.setattr(autograder.grade, "grade_submissions",
                         lambda course, subdir, **kw: seen.update(kw) or [])
     cli.main(["grade", str(tmp_path), "--root", str(course.root), *flags])
-    assert seen["compile_cache"] is expected
+    assert {k: seen[k] for k in expected} == expected

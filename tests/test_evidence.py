@@ -218,3 +218,4 @@ def test_the_reference_run_leaves_out_the_free_cells_no_test_needs():
              cell("def g(x):\n    return helper(x) + base", solution=True, grade_id="g"),
              cell("assert g(1) == 5", grade=True, locked=True, grade_id="g_test")]
     assert jobs._needed_cells(cells) == [True, True, True, False, False, True, True, True]
+
