@@ -148,7 +148,10 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
     references = {}
     if evidence:                        # what each test's values must match
         from .reference_run import reference
-        references = {lab: reference(course, lab, log, thread_env=threads, sandbox=sandbox)
+        # the instructor's own notebook, run here: sandboxed where this machine can (a Dask
+        # coordinator need not have bubblewrap, its workers do)
+        here = sandbox and sandbox_unavailable_reason() is None
+        references = {lab: reference(course, lab, log, thread_env=threads, sandbox=here)
                       for lab in labs}
     execute, where = _jobs.execute_job, f"on the Dask cluster at {scheduler}"
     if not scheduler:
