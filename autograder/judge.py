@@ -176,9 +176,27 @@ def _scalar(x):
     return None
 
 
+def _as_array(tree):
+    """A tensor tree as is; a rectangular nested list of numbers as {"shape", "data"} (what
+    `assert_close` also accepts in place of a tensor); anything else None."""
+    if isinstance(tree, dict) and "shape" in tree:
+        return tree
+    if not (isinstance(tree, dict) and isinstance(tree.get("list"), list)):
+        return None
+    items = tree["list"]
+    if all(_scalar(x) is not None or isinstance(x, bool) for x in items):
+        return {"shape": [len(items)], "data": [int(x) if isinstance(x, bool) else _scalar(x)
+                                                for x in items]}
+    rows = [_as_array(x) for x in items]
+    if not rows or any(r is None or r["shape"] != rows[0]["shape"] for r in rows):
+        return None
+    return {"shape": [len(rows)] + rows[0]["shape"], "data": [v for r in rows for v in r["data"]]}
+
+
 def _differs(got, want, atol: float, rtol: float, where: str) -> str | None:
     """Why `got` does not match `want` (both JSON trees from `encode`), or None. A 0-d tensor
-    and a number compare as numbers; an int must be equal, a float within the tolerance."""
+    and a number compare as numbers; an int must be equal, a float within the tolerance; a
+    nested list of numbers compares with a tensor like a tensor of its shape."""
     w, g = _scalar(want), _scalar(got)
     if w is not None:
         if isinstance(want, int):
@@ -186,6 +204,10 @@ def _differs(got, want, atol: float, rtol: float, where: str) -> str | None:
         else:
             ok = g is not None and _close(g, w, atol, rtol)
         return None if ok else f"{where}: {_show(got)} against {_show(want)}"
+    if isinstance(want, dict) and "shape" in want:
+        got = _as_array(got) or got
+    elif isinstance(got, dict) and "shape" in got and _as_array(want) is not None:
+        want = _as_array(want)
     if isinstance(want, dict) and "shape" in want:
         if not isinstance(got, dict) or got.get("shape") != want["shape"] or \
                 not isinstance(got.get("data"), list) or len(got["data"]) != len(want["data"]):

@@ -41,6 +41,12 @@ def test_equal_values_match_and_the_reference_tolerance_decides():
     import numpy as np
     assert check(np.array([1.0, 2.0]), torch.tensor([1.0, 2.0])) is None
     assert check(np.float32(0.5), 0.5) is None
+    # nested lists of numbers stand for a tensor of their shape, either way round
+    assert check([[1.0, -2.5], [float("nan"), float("-inf")]], x) is None
+    assert check(x, [[1.0, -2.5], [float("nan"), float("-inf")]]) is None
+    assert check([True, False], torch.tensor([True, False])) is None
+    assert "shape [3]" in check([1.0, 2.0, 3.0], torch.tensor([1.0, 2.0]))
+    assert check([[1.0], [2.0, 3.0]], torch.tensor([[1.0], [2.0]])) is not None     # ragged
 
 
 def test_scalars_containers_and_kinds():
