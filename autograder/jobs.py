@@ -204,14 +204,14 @@ def build_reference_job(course, lab: str, *, sandbox: bool = True) -> dict:
 def _needed_cells(cells) -> list[bool]:
     """Which code cells a reference run executes: every nbgrader cell (locked, solution or
     graded), and each free cell (the lab's measurements and plots) that binds a name a later
-    executed cell mentions, found backwards from the last cell. A cell that does not parse is
-    kept."""
-    from .seal import bound_names, used_names
+    executed cell reads without binding it itself, found backwards from the last cell. A cell
+    that does not parse is kept."""
+    from .seal import bound_names, free_names
     needed: set[str] = set()
     keep = [False] * len(cells)
     for i in range(len(cells) - 1, -1, -1):
         role = cells[i].metadata.get("nbgrader", {})
-        used = used_names(cells[i].source)
+        used = free_names(cells[i].source)
         keep[i] = bool(role.get("locked") or role.get("solution") or role.get("grade")) or \
             used is None or bool(bound_names(cells[i].source) & needed)
         if keep[i]:

@@ -21,13 +21,27 @@ def to_python(source: str) -> str:
     return TransformerManager().transform_cell(source)
 
 
-def used_names(source: str) -> set[str] | None:
-    """Every name a cell mentions (None when it does not parse)."""
+def free_names(source: str) -> set[str] | None:
+    """The names a cell reads that it does not bind anywhere itself (assignments, loop and
+    comprehension variables, parameters, defs, imports): what it needs from earlier cells. None
+    when it does not parse."""
     try:
         tree = ast.parse(to_python(source))
     except SyntaxError:
         return None
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    read, bound = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            (read if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    return read - bound
 
 
 def bound_names(source: str) -> set[str]:

@@ -118,7 +118,7 @@ def test_each_kernel_gets_a_fresh_copy_of_the_warm_cache(course, tmp_path):
         submit(course, tmp_path / "incoming", student)
     log: list[str] = []
     recs = grade_submissions(course, tmp_path / "incoming", sandbox=sandbox, feedback=False,
-                             log=log.append)
+                             evidence=False, log=log.append)
     assert [(r.student, r.status, r.score) for r in recs] == \
         [("first", "ok", 1.0), ("second", "ok", 1.0)], log
     assert any(f"{LAB}: compile cache warmed" in x for x in log), log

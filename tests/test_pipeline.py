@@ -358,8 +358,8 @@ def test_grade_command_survives_crashes_hangs_and_memory_hogs(pipeline, tmp_path
         nbformat.write(nb, str(subs / student / DUMMY / f"{DUMMY}.ipynb"))
     jobs_tmp = tmp_path / "jobs_tmp"        # this run's jobs, apart from other workers' jobs
     jobs_tmp.mkdir()
-    r = _run("grade", str(subs), "--root", str(course.root), "--cell-timeout", "6",
-             "--notebook-timeout", "40", "--mem-gb", "1", *sandbox_flag(),
+    r = _run("grade", str(subs), "--root", str(course.root), "--no-reference-run",
+             "--cell-timeout", "6", "--notebook-timeout", "40", "--mem-gb", "1", *sandbox_flag(),
              env={"TMPDIR": str(jobs_tmp)})
     assert r.returncode == 0, r.stdout + r.stderr
     print(r.stdout)
@@ -426,8 +426,8 @@ def test_grade_refuses_to_run_without_the_sandbox_unless_told(pipeline, tmp_path
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no sandbox" in r.stderr and "bubblewrap" in r.stderr and "--no-sandbox" in r.stderr
     assert "nosandbox" not in r.stdout                   # nothing was graded
-    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback", "--no-sandbox",
-             env=missing)
+    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback", "--no-reference-run",
+             "--no-sandbox", env=missing)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "WARNING: grading without the sandbox" in r.stdout
     assert "nosandbox  99_dummy  3" in r.stdout, r.stdout     # graded: full marks
@@ -487,7 +487,8 @@ def test_a_submission_made_of_symbolic_links_is_never_followed(pipeline, tmp_pat
     (subs / "linknb" / DUMMY / f"{DUMMY}.ipynb").symlink_to(source)
     (subs / "linkdir").mkdir(parents=True)
     (subs / "linkdir" / DUMMY).symlink_to(course.source(DUMMY), target_is_directory=True)
-    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback", *sandbox_flag())
+    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback", "--no-reference-run",
+             *sandbox_flag())
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"skipping {subs / 'linkdir' / DUMMY}: a symbolic link" in r.stdout, r.stdout
     rows = {row["student_id"]: row for row in csv.DictReader(open(course.build / "grades.csv"))
