@@ -147,11 +147,16 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
         job["limits"]["thread_env"] = threads
     references = {}
     if evidence:                        # what each test's values must match
+        from .distribute import run_jobs as _run
         from .reference_run import reference
-        # the instructor's own notebook, run here: sandboxed where this machine can (a Dask
-        # coordinator need not have bubblewrap, its workers do)
-        here = sandbox and sandbox_unavailable_reason() is None
-        references = {lab: reference(course, lab, log, thread_env=threads, sandbox=here)
+
+        def on_cluster(job):
+            # the instructor's notebook runs where the submissions run: on a worker, whose CPU
+            # rounds as the workers' do (and the coordinator need not have bubblewrap)
+            return _run(_jobs.execute_job, [job], scheduler=scheduler, log=log)[0]
+
+        kw = {"execute": on_cluster, "where": scheduler} if scheduler else {}
+        references = {lab: reference(course, lab, log, thread_env=threads, sandbox=sandbox, **kw)
                       for lab in labs}
     execute, where = _jobs.execute_job, f"on the Dask cluster at {scheduler}"
     if not scheduler:

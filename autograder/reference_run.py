@@ -36,11 +36,15 @@ def fingerprint(course, lab: str) -> dict:
 
 
 def reference(course, lab: str, log=print, *, thread_env: dict | None = None,
-              sandbox: bool = True) -> dict | None:
+              sandbox: bool = True, execute=None, where: str = "here") -> dict | None:
     """The evidence of the lab's source notebook, notebook -> grade_id -> items (see the module
-    docstring); None, logged, when the run fails or one of its tests does not pass."""
+    docstring); None, logged, when the run fails or one of its tests does not pass.
+    `execute`: what runs the job (default `jobs.execute_job`, here); `where` names it in the
+    fingerprint, so that a reference run on a Dask cluster's workers, whose CPUs may round a
+    float differently from this machine's, is kept apart from one run here."""
     path = course.build / REFERENCE_DIR / f"{lab}.json"
-    stamp = {**fingerprint(course, lab), "threads": dict(thread_env or {}), "sandbox": sandbox}
+    stamp = {**fingerprint(course, lab), "threads": dict(thread_env or {}), "sandbox": sandbox,
+             "where": where}
     try:
         kept = json.loads(path.read_text())
         if kept.get("fingerprint") == stamp:
@@ -51,7 +55,7 @@ def reference(course, lab: str, log=print, *, thread_env: dict | None = None,
     log(f"{lab}: running the lab's own notebook for the evidence each test checks ...")
     job = jobs.build_reference_job(course, lab, sandbox=sandbox)
     job["limits"]["thread_env"] = dict(thread_env or {})
-    result = jobs.execute_job(job)
+    result = (execute or jobs.execute_job)(job)
     failed = _failures(result)
     if failed:
         log(f"WARNING: {lab}: the reference run failed ({failed}); its tests are judged by "

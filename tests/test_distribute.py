@@ -332,6 +332,9 @@ def test_grading_two_at_a_time_and_on_dask_gives_the_grades_of_one_at_a_time(clu
     assert grades(workers=2) == one
     cluster.ready()
     assert grades(scheduler=cluster.address) == one
+    # the reference run (autograder/reference_run.py) went to the cluster too
+    kept = json.loads((course.build / "reference" / f"{DUMMY}.json").read_text())
+    assert kept["fingerprint"]["where"] == cluster.address
 
 
 def test_each_local_job_gets_its_share_of_the_cores(monkeypatch):
