@@ -10,7 +10,9 @@ Test-cell helpers (import them in graded cells):
         generate(model, prompt, n)
     assert work.tokens == len(prompt) + n - 1
     check_ratio(lambda: naive(x), lambda: cached(x), at_least=2, what="cached vs naive")
-    evidence(out, "top_p_filter(logits, 0.9)", atol=2e-5)   # hidden tests: judged by the grader
+    # hidden tests also show the grader what they check (autograder/judge.py):
+    assert_close_shown(out, expected, atol=1e-5, name="top_p_filter(logits, 0.9)")
+    evidence([len(out), work.calls], "tokens, calls")      # a value checked another way
 
 Command line (see autograder/README.md): python -m autograder release | grade | selfgrade.
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 
-_HOME = {"assert_close": "checks", "reference_disabled": "checks", "WorkCounter": "checks",
+_HOME = {"assert_close": "checks", "assert_close_shown": "checks", "reference_disabled": "checks", "WorkCounter": "checks",
          "time_ratio": "timing", "check_ratio": "timing", "RatioResult": "timing",
          "cuda_sync": "timing", "evidence": "judge"}
 __all__ = list(_HOME)

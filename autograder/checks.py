@@ -1,4 +1,5 @@
-"""Helpers for nbgrader test cells: `assert_close`, `reference_disabled`, `WorkCounter`.
+"""Helpers for nbgrader test cells: `assert_close` (`assert_close_shown` in hidden tests),
+`reference_disabled`, `WorkCounter`.
 
 Everything these helpers call (torch functions, the hook registration, getattr/setattr...) is
 bound when `autograder` is imported, which the grader does before the first notebook cell runs,
@@ -23,16 +24,18 @@ import torch
 
 from minillm.timing import WorkCounter
 
-__all__ = ["assert_close", "reference_disabled", "ReferenceGuard", "WorkCounter"]
+from .judge import evidence
+from .tolerance import within_tolerance
+
+__all__ = ["assert_close", "assert_close_shown", "reference_disabled", "ReferenceGuard",
+           "WorkCounter"]
 
 # --- captured at import -----------------------------------------------------------------------
 _Tensor = torch.Tensor
 _no_torch_function = torch._C.DisableTorchFunction     # no subclass or mode of the student's
 _as_tensor = torch.as_tensor
 _is_tensor = torch.is_tensor
-_isclose = torch.isclose
 _isnan = torch.isnan
-_eq = torch.eq
 _abs = torch.abs
 _argmax = torch.argmax
 _where = torch.where
@@ -98,6 +101,16 @@ def assert_close(actual: Any, expected: Any, *, atol: float = 1e-5, rtol: float 
         _assert_close(actual, expected, atol=atol, rtol=rtol, name=name)     # decides nothing
 
 
+def assert_close_shown(actual: Any, expected: Any, *, atol: float = 1e-5, rtol: float = 1e-5,
+                       name: str = "value") -> None:
+    """A hidden test's value check: show the grader `actual` under `name` (autograder/judge.py)
+    with twice this check's tolerance, then `assert_close` it. The grader compares the shown
+    value with the reference run's, so twice the tolerance lets through every value that passes
+    the assertion here (the reference's value passed it too)."""
+    evidence(actual, name, atol=2 * atol, rtol=2 * rtol)
+    assert_close(actual, expected, atol=atol, rtol=rtol, name=name)
+
+
 def _assert_close(actual, expected, *, atol, rtol, name) -> None:
     if actual is None:
         raise AssertionError(f"{name}: got None (did the function forget to `return`?), "
@@ -115,7 +128,7 @@ def _assert_close(actual, expected, *, atol, rtol, name) -> None:
     if a.numel() == 0:
         return
     a64, e64 = a.to(_float64), e.to(_float64)
-    ok = _isclose(a64, e64, rtol=rtol, atol=atol, equal_nan=True) | _eq(a64, e64)
+    ok = within_tolerance(a64, e64, atol=atol, rtol=rtol)
     if bool(ok.all()):
         return
     bad = ~ok

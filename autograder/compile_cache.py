@@ -32,7 +32,7 @@ import time
 
 from .jobs import COMPILE_CACHE_ENV as ENV
 from .jobs import JobError, pack_files
-from .processes import packages_sha256, run_logged, subprocess_env
+from .processes import environment_fingerprint, run_logged, subprocess_env
 
 __all__ = ["WARMUPS", "warm", "fingerprint", "ENV"]
 
@@ -57,11 +57,8 @@ def fingerprint(cmds: list[list[str]], env: dict[str, str]) -> dict:
     """What a warm cache depends on; a different fingerprint runs the warm-up again. `env`: the
     warm-up's environment, of which the variables the sandbox passes to a kernel count
     (OMP_NUM_THREADS is part of Inductor's cache key)."""
-    import torch
-
     from .sandbox import PASSTHROUGH_ENV
-    return {"commands": cmds, "python": sys.version, "torch": torch.__version__,
-            "packages_sha256": packages_sha256(PACKAGES),
+    return {"commands": cmds, **environment_fingerprint(PACKAGES),
             "env": {k: env[k] for k in PASSTHROUGH_ENV if k in env}}
 
 

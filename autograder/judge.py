@@ -18,7 +18,7 @@ checked, and the grader compares them with the values the instructor's own noteb
   included, as a job like any submission, and keeps each test's evidence;
 * `judge` (in `jobs.record`, in the grader) compares each test cell that the kernel says passed
   with the reference run's evidence for that cell, item by item, with the reference's tolerance
-  (|value - reference| <= atol + rtol * |reference|, NaN matches NaN). A cell whose evidence is
+  (`tolerance.within_tolerance`, the rule of `assert_close`). A cell whose evidence is
   missing or differs scores zero, with status `tampered: <cell>: ...`.
 
 What it proves: a cell whose evidence matches produced the reference's values on the test's
@@ -147,19 +147,30 @@ def _as_float(x):
     if isinstance(x, str) and x in ("nan", "inf", "-inf"):
         return float(x)
     if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return float(x)
+        try:
+            return float(x)
+        except OverflowError:               # an int past any float: JSON allows it
+            return None
     return None
 
 
+def _mismatches(got: list, want: list, atol: float, rtol: float) -> list[int]:
+    """The indices at which the numbers `got` and `want` (JSON numbers or "nan", "inf", "-inf",
+    as `encode` writes them) break `tolerance.within_tolerance`, the rule `assert_close` applies
+    in the kernel; anything that is not a number matches nothing."""
+    import torch
+
+    from .tolerance import within_tolerance
+    g, w = [_as_float(x) for x in got], [_as_float(x) for x in want]
+    ok = within_tolerance(torch.tensor([0.0 if x is None else x for x in g], dtype=torch.float64),
+                          torch.tensor([0.0 if x is None else x for x in w], dtype=torch.float64),
+                          atol=atol, rtol=rtol)
+    return [i for i, (fine, a, b) in enumerate(zip(ok.tolist(), g, w))
+            if not fine or a is None or b is None]
+
+
 def _close(got, want, atol: float, rtol: float) -> bool:
-    g, w = _as_float(got), _as_float(want)
-    if g is None or w is None:
-        return False
-    if math.isnan(w) or math.isnan(g):
-        return math.isnan(w) and math.isnan(g)
-    if math.isinf(w) or math.isinf(g):
-        return g == w
-    return abs(g - w) <= atol + rtol * abs(w)
+    return not _mismatches([got], [want], atol, rtol)
 
 
 def _scalar(x):
@@ -213,8 +224,7 @@ def _differs(got, want, atol: float, rtol: float, where: str) -> str | None:
                 not isinstance(got.get("data"), list) or len(got["data"]) != len(want["data"]):
             shape = got.get("shape") if isinstance(got, dict) else type(got).__name__
             return f"{where}: shape {shape}, the reference's {want['shape']}"
-        bad = [i for i, (g, w) in enumerate(zip(got["data"], want["data"]))
-               if not _close(g, w, atol, rtol)]
+        bad = _mismatches(got["data"], want["data"], atol, rtol)
         if bad:
             i = bad[0]
             return (f"{where}: {len(bad)} of {len(want['data'])} values differ (e.g. "
@@ -256,7 +266,7 @@ def compare(reference_items: list, items) -> str | None:
     """Why a test cell's evidence does not match the reference run's, or None."""
     try:
         return _compare(reference_items, items)
-    except (RecursionError, TypeError, ValueError, AttributeError, KeyError) as e:
+    except (RecursionError, TypeError, ValueError, AttributeError, KeyError, ArithmeticError) as e:
         return f"malformed evidence ({type(e).__name__})"
 
 

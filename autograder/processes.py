@@ -39,15 +39,32 @@ def package_parent() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def tree_sha256(folder: Path, pattern: str = "*", digest=None):
+    """A SHA-256 over the files under `folder` that match `pattern`: each one's path relative to
+    `folder` and its bytes, in sorted order. `digest`: a hashlib object to update (returned)."""
+    import hashlib
+    digest = digest or hashlib.sha256()
+    for p in sorted(x for x in Path(folder).rglob(pattern) if x.is_file()):
+        digest.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes())
+    return digest
+
+
 def packages_sha256(packages) -> str:
     """A SHA-256 of the Python sources of the course's `packages` (names and bytes)."""
     import hashlib
     digest = hashlib.sha256()
-    root = package_parent()
     for pkg in packages:
-        for p in sorted((root / pkg).rglob("*.py")):
-            digest.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+        digest.update(pkg.encode() + b"\0")
+        tree_sha256(package_parent() / pkg, "*.py", digest)
     return digest.hexdigest()
+
+
+def environment_fingerprint(packages) -> dict:
+    """What a result the grader keeps between batches (a compile cache, a reference run) depends
+    on besides its own inputs: the Python and torch versions and the course's `packages`."""
+    import torch
+    return {"python": sys.version, "torch": torch.__version__,
+            "packages_sha256": packages_sha256(packages)}
 
 
 def subprocess_env(extra: dict | None = None) -> dict:

@@ -11,28 +11,22 @@ is logged and gives no reference: the batch is then judged by the kernels' verdi
 from __future__ import annotations
 
 import json
-import sys
 
 from . import jobs
-from .processes import packages_sha256
+from .processes import environment_fingerprint, tree_sha256
 
 __all__ = ["reference", "fingerprint", "REFERENCE_DIR"]
 
 REFERENCE_DIR = "reference"          # build/reference/<lab>.json
+PACKAGES = ("minillm", "kernels", "autograder")     # the code a reference run executes
 
 
 def fingerprint(course, lab: str) -> dict:
     """What a reference run depends on besides the jobs' settings: the lab's notebooks and
     assets, the course's packages, Python and torch."""
-    import hashlib
-
-    import torch
-    digest = hashlib.sha256()
-    for folder in (course.source(lab), course.release_dir(lab)):
-        for p in sorted(x for x in folder.rglob("*") if x.is_file()):
-            digest.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes())
-    return {"lab": digest.hexdigest(), "python": sys.version, "torch": torch.__version__,
-            "packages_sha256": packages_sha256(("minillm", "kernels", "autograder"))}
+    digest = tree_sha256(course.source(lab))
+    tree_sha256(course.release_dir(lab), digest=digest)
+    return {"lab": digest.hexdigest(), **environment_fingerprint(PACKAGES)}
 
 
 def reference(course, lab: str, log=print, *, thread_env: dict | None = None,

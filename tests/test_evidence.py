@@ -117,6 +117,59 @@ def test_take_caps_the_evidence_of_a_notebook(monkeypatch):
 
 
 # --- judging a job's result -----------------------------------------------------------------------
+def test_the_judge_applies_the_rule_assert_close_applies():
+    """One rule (checks.within_tolerance) on both sides: what assert_close accepts in the kernel
+    the judge accepts against the reference, at the edges of the tolerance too."""
+    from autograder.checks import assert_close
+    cases = [(1.0 + 1.5e-5, 1.0, 1e-5, 5e-6), (1.0 + 1.6e-5, 1.0, 1e-5, 5e-6), (0.0, 0.0, 0, 0),
+             (1e-300, 0.0, 0, 0), (-2.0, 2.0, 1.0, 1.0), (float("nan"), float("nan"), 0, 0),
+             (float("inf"), float("inf"), 0, 0), (float("inf"), 1e308, 1e308, 1.0),
+             (float("-inf"), float("inf"), 0, 0), (3, 3.0, 0, 0), (1e20, 1e20 + 1e5, 0, 1e-15)]
+    verdicts = []
+    for got, want, atol, rtol in cases:
+        try:
+            assert_close(torch.tensor([got], dtype=torch.float64),
+                         torch.tensor([want], dtype=torch.float64), atol=atol, rtol=rtol)
+            kernel = True
+        except AssertionError:
+            kernel = False
+        grader = check(torch.tensor([got], dtype=torch.float64),
+                       torch.tensor([want], dtype=torch.float64), atol=atol, rtol=rtol) is None
+        assert kernel == grader, (got, want, atol, rtol)
+        verdicts.append(kernel)
+    assert True in verdicts and False in verdicts
+
+
+def test_assert_close_shown_shows_with_twice_the_tolerance_then_asserts(monkeypatch):
+    import IPython.display
+
+    from autograder.checks import assert_close_shown
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda data, raw: shown.append(data[ev.MIME]))
+    monkeypatch.setattr(ev, "SHOWING", True)
+    x = torch.tensor([1.0, 2.0])
+    assert_close_shown(x + 5e-6, x, atol=1e-5, rtol=1e-4, name="x")
+    assert shown == [item(x + 5e-6, "x", atol=2e-5, rtol=2e-4)]
+    with pytest.raises(AssertionError, match="x: 1 of 2"):
+        assert_close_shown(x + torch.tensor([0.0, 1.0]), x, name="x")
+    assert len(shown) == 2 and shown[1]["value"]["data"] == [1.0, 3.0]    # shown, then failed
+    monkeypatch.setattr(ev, "SHOWING", False)
+    assert_close_shown(x, x)
+    assert len(shown) == 2                  # outside a graded kernel nothing is shown
+
+
+def test_numbers_past_a_float_are_a_mismatch_not_a_crash():
+    """The shown values are JSON from a kernel the grader does not trust: an int too large for a
+    float (JSON allows it) must make the cell's values differ, never stop the grader."""
+    huge = 10 ** 400
+    ref = [item(torch.tensor([1.5]))]
+    for value in ({"shape": [1], "data": [huge]}, {"float": huge}, huge, {"list": [huge]}):
+        why = ev.compare(ref, [{"name": "v", "value": value, "atol": 0, "rtol": 0}])
+        assert why is not None and "malformed" not in why, value
+    assert ev.compare([item(1.5)], [{"name": "v", "value": huge, "atol": 0, "rtol": 0}]) \
+        is not None
+
+
 def _result(cells, evidence):
     return {"notebooks": {"nb": nbformat.writes(new_notebook(cells=cells))},
             "reports": {"nb": {"evidence": evidence, "tampered": []}}}

@@ -29,8 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import assert_close
-from autograder.judge import evidence
+from autograder.checks import assert_close, assert_close_shown
 from autograder.labs import kernelcheck as kc
 from kernels.dequant_ref import w4a16_matmul_ref, w8a16_matmul_ref
 from kernels.formats import group_quantize_int4, pack_int4
@@ -233,8 +232,7 @@ def _compare(got, want, buf, name, what, tol):
                              f"so a load past the end of a tensor without a mask reads NaN "
                              f"(the Triton interpreter does not fault on it; a GPU might, or "
                              f"read garbage)")
-    evidence(got.float(), f"{name} ({what})", atol=2 * tol, rtol=2 * tol)   # for the grader
-    assert_close(got.float(), want.float(), atol=tol, rtol=tol, name=f"{name} ({what})")
+    assert_close_shown(got.float(), want.float(), atol=tol, rtol=tol, name=f"{name} ({what})")
 
 
 def _tol(dtype):
