@@ -10,13 +10,15 @@ int4 without it, since the quantized models keep it in bf16), with:
 
 * `read`: `buf.sum()` over a buffer of the same bytes (codes, scales and zeros included);
 * `generated`: the product `minillm.compiled_decode.gemv` uses, compiled as the decode step
-  compiles it (fp32: `torch.mv`, which Inductor generates as a loop of its own; bf16 and int8:
-  a loop Inductor generates that widens each weight in registers; int4: torch's int4 CPU
-  kernel);
+  compiles it (fp32: `torch.mv`, which Inductor generates as a loop of its own; bf16: a loop
+  Inductor generates that widens each weight in registers; int8: that loop on an AVX-512 CPU,
+  torch's int8 kernel elsewhere (`compiled_decode.inductor_vectorizes_int8`); int4: torch's
+  int4 CPU kernel);
 * fp32 and bf16 `blas`: x @ W with [in, out] weights (MKL for fp32, oneDNN's matmul for bf16);
   bf16 `onednn`: oneDNN's inner product on weights packed for it;
 * int8 `torch_kernel`: torch's `_weight_int8pack_mm` (kernels/cpu_weight_only.py, what
-  QuantLinear calls on a CPU); int4 `inductor_loop`: the int4 product written for Inductor to
+  QuantLinear calls on a CPU), and int8 `inductor_loop`: the loop Inductor generates for it,
+  whichever `gemv` picks on this CPU; int4 `inductor_loop`: the int4 product written for Inductor to
   generate (per group of 64: unpack both nibbles, multiply-add, scale; subtract scale * zero *
   the group's input sum), the alternative `gemv` rejects.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -76,6 +79,10 @@ def methods(ws: list, model) -> dict:
         xs_b = {n: x.bfloat16()[None] for n, x in xs.items()}
         fns["torch_kernel"] = lambda: [torch.ops.aten._weight_int8pack_mm(
             xs_b[w.codes.shape[1]], w.codes, w.scales.bfloat16()) for w in ws]
+        loop8 = torch.compile(lambda ws, xs: [(w.codes.float() * xs[w.codes.shape[1]]).sum(-1)
+                                              * w.scales.float() for w in ws],
+                              options=INDUCTOR_OPTIONS)
+        fns["inductor_loop"] = lambda: loop8(ws, xs)
     elif isinstance(ws[0], cpu_weight_only.W4Packed):
         packed = PackedDecoder(model, layout="out_in")
         qs = [w[k] for w in packed.layers for k in ("qkv", "o", "gu", "down")]
@@ -89,7 +96,12 @@ def methods(ws: list, model) -> dict:
         wts = [w.t().contiguous() for w in ws]
         fns["blas"] = lambda: [xs_d[w.shape[0]] @ w for w in wts]
         if dtype == torch.bfloat16 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-            onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in ws]
+            try:
+                onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in ws]
+            except RuntimeError as e:           # needs AVX-512 (or AVX-NE-CONVERT) for bf16
+                print(f"bf16 onednn: not on this CPU ({str(e).splitlines()[0][:120]})",
+                      file=sys.stderr)
+                return fns
             linear = torch.ops.mkldnn._linear_pointwise
             fns["onednn"] = lambda: [linear(xs_d[w.shape[1]], p, None, "none", [], "")
                                      for w, p in zip(ws, onednn)]

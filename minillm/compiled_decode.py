@@ -33,9 +33,11 @@ other formats' single-kernel steps no faster, but its C++ compile is slow: with 
 So the step keeps the Python wrapper.
 
 Quantized models (minillm.quant: `quantize_model(model, "int8")` or "int4-g64") run here too:
-their merged QuantLinear matrices become `Int8Rows` (codes and one fp32 scale per row; Inductor
-generates the product, widening each code in registers and scaling each row once) or torch's
-int4 CPU layout (`kernels/cpu_weight_only.py`). `minillm bench quant` times all four formats.
+their merged QuantLinear matrices become `Int8Rows` (codes and one scale per row; on an AVX-512
+CPU Inductor generates the product, widening each code in registers and scaling each row once;
+elsewhere its loop is scalar and torch's int8 kernel runs it, see `inductor_vectorizes_int8`) or
+torch's int4 CPU layout (`kernels/cpu_weight_only.py`). `minillm bench quant` times all four
+formats.
 
 Compiling takes 10-40 s on a 2-core CPU the first time (two graphs: a static one, then one
 dynamic in the position); Inductor caches the result on disk, so later processes start in
@@ -60,8 +62,22 @@ INDUCTOR_OPTIONS = {"realize_opcount_threshold": 1, "size_asserts": False,
 MATRICES = ("qkv", "o", "gu", "down")
 
 
+def inductor_vectorizes_int8() -> bool:
+    """Whether Inductor's loop for an int8 matrix-vector product runs vectorised on this CPU.
+
+    On the AVX-512 machine the course was developed on it did, and it keeps the activations in
+    fp32. On a CPU with AVX2 only (as many laptops have) Inductor generated a scalar loop, 3-5x
+    slower than torch's int8 kernel with bf16 activations, which made the int8 draft of lab 05
+    cost 0.35 of a target step instead of about 0.1 and speculative decoding slower than plain
+    decoding. So `step_matrix` hands int8 rows to the kernel there. Measured by
+    `tests/test_quant_speed.py` (the pick must not be the slower product) and
+    `benchmarks/gemv_bandwidth.py` (int8 `inductor_loop` against `torch_kernel`)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
 class Int8Rows(NamedTuple):
-    """An int8 matrix as the step reads it: codes [out, in] and one fp32 scale per row."""
+    """An int8 matrix as the step reads it: codes [out, in] and one scale per row, fp32 for
+    Inductor's loop or bf16 for torch's int8 kernel (`inductor_vectorizes_int8`)."""
     codes: torch.Tensor
     scales: torch.Tensor
 
@@ -75,7 +91,9 @@ def step_matrix(w):
         raise ValueError(f"CompiledDecoder runs float or plain QuantLinear matrices (no AWQ "
                          f"input scale, no bias); got {w!r}")
     if w.bits == 8:
-        return Int8Rows(w.qweight, w.scales.float())
+        kernel = w.qweight.is_cpu and not inductor_vectorizes_int8() and \
+            "int8" not in cpu_weight_only.missing()
+        return Int8Rows(w.qweight, w.scales.to(torch.bfloat16 if kernel else torch.float32))
     packed = w.w4_cpu_layout()
     if packed is None:
         raise ValueError(f"CompiledDecoder needs torch's int4 CPU kernel for {w!r}: N a multiple "
@@ -88,11 +106,17 @@ def gemv(x: torch.Tensor, w) -> torch.Tensor:
 
     fp32: torch.mv, which Inductor generates into the step's own loops (as fast as the BLAS
     here). bf16 and int8: a loop Inductor generates, which loads each weight, widens it to fp32
-    in registers and multiply-adds (int8: the row's scale applied once, at the end). int4: torch's int4 CPU kernel (bf16 activations), because Inductor's loop over groups
-    of packed nibbles is several times slower (benchmarks/gemv_bandwidth.py measures them all)."""
+    in registers and multiply-adds (int8: the row's scale applied once, at the end), except int8
+    rows with bf16 scales, which go to torch's int8 kernel (bf16 activations; see
+    `inductor_vectorizes_int8`). int4: torch's int4 CPU kernel (bf16 activations), because
+    Inductor's loop over groups of packed nibbles is several times slower
+    (benchmarks/gemv_bandwidth.py measures them all)."""
     if isinstance(w, cpu_weight_only.W4Packed):
         return cpu_weight_only.w4_cpu_matmul(x[None], w)[0]
     if isinstance(w, Int8Rows):
+        if w.scales.dtype == torch.bfloat16:        # torch's kernel (see step_matrix)
+            return torch.ops.aten._weight_int8pack_mm(x[None].to(torch.bfloat16), w.codes,
+                                                      w.scales)[0].float()
         return (w.codes.float() * x).sum(-1) * w.scales
     if w.dtype == torch.float32:
         return torch.mv(w, x)

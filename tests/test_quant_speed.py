@@ -5,7 +5,13 @@ import torch
 
 from kernels import cpu_weight_only
 from minillm.bandwidth import step_bytes
-from minillm.compiled_decode import CompiledDecoder, Int8Rows
+from minillm.compiled_decode import (
+    INDUCTOR_OPTIONS,
+    CompiledDecoder,
+    Int8Rows,
+    gemv,
+    inductor_vectorizes_int8,
+)
 from minillm.config import ModelConfig
 from minillm.fast_decode import PackedDecoder, generate_packed
 from minillm.kvcache import KVCache
@@ -47,8 +53,9 @@ def test_step_bytes_counts_codes_scales_and_zeros():
         linears = [mod for mod in q.modules() if isinstance(mod, QuantLinear)]
         weights = sum(mod.in_features * mod.out_features for mod in linears)
         floats = 2 * (c.vocab_size * c.dim + (2 * c.n_layers + 1) * c.dim)   # lm_head, norms
-        if per_row_group is None:                     # int8: one fp32 scale per output row
-            extra = 4 * sum(mod.out_features for mod in linears)
+        if per_row_group is None:     # int8: one scale per output row, fp32 or bf16 by path
+            extra = (4 if inductor_vectorizes_int8() else 2) * sum(mod.out_features
+                                                                   for mod in linears)
         else:                                         # int4: bf16 scale and zero per group
             extra = 2 * 2 * weights // per_row_group
         r = step_bytes(CompiledDecoder(q), context_len=0)
@@ -78,6 +85,37 @@ def _with_rows(q, rows):
         getattr(cut, name).copy_(getattr(lin, name)[:rows])
     q.layers[0].self_attn.q_proj = cut
     return q
+
+
+@pytest.mark.slow
+def test_the_int8_product_the_step_picks_is_the_faster_one_here():
+    """`gemv` multiplies int8 rows with Inductor's loop where it vectorises (AVX-512) and with
+    torch's int8 kernel elsewhere (on an AVX2 CPU the loop ran about 4x slower). Both, compiled as
+    the step compiles them, on a 1024 x 2048 matrix, interleaved, medians of CPU time: the one
+    picked must not be the slow one."""
+    import time
+    torch.manual_seed(0)
+    codes = torch.randint(-127, 128, (1024, 2048), dtype=torch.int8)
+    scales = torch.rand(1024) + 0.5
+    x = torch.randn(2048)
+    loop = Int8Rows(codes, scales.float())
+    kernel = Int8Rows(codes, scales.to(torch.bfloat16))
+    f = torch.compile(lambda x, w: gemv(x, w), options=INDUCTOR_OPTIONS)
+    times = {"loop": [], "kernel": []}
+    with torch.no_grad():
+        want = (codes.float() * x).sum(-1) * scales
+        for name, w in (("loop", loop), ("kernel", kernel)):
+            got = f(x, w)
+            assert (got - want).abs().max() <= 0.02 * want.abs().max(), name
+        for _ in range(9):
+            for name, w in (("loop", loop), ("kernel", kernel)):
+                t = time.process_time()
+                for _ in range(10):
+                    f(x, w)
+                times[name].append(time.process_time() - t)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    picked, other = ("loop", "kernel") if inductor_vectorizes_int8() else ("kernel", "loop")
+    assert med[picked] <= 1.5 * med[other], (picked, med)
 
 
 def test_first_divergence():
