@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import importlib
 
-_HOME = {"assert_close": "checks", "assert_close_shown": "checks", "reference_disabled": "checks", "WorkCounter": "checks",
-         "time_ratio": "timing", "check_ratio": "timing", "RatioResult": "timing",
-         "cuda_sync": "timing", "evidence": "judge"}
+_HOME = {"assert_close": "checks", "assert_close_shown": "checks", "reference_disabled": "checks",
+         "WorkCounter": "checks", "time_ratio": "timing", "check_ratio": "timing",
+         "RatioResult": "timing", "cuda_sync": "timing", "evidence": "judge"}
 __all__ = list(_HOME)
 
 
