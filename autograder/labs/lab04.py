@@ -19,11 +19,12 @@ last-level cache of most laptops (a layer of the shipped model, 1.5 MB, stays in
 not bound by memory). While the student's layer is built and runs, the library's quantized
 layer and its kernel wrappers are disabled.
 
-Why THRESHOLD sits where it does: the claim is "faster than the float layer", so it sits above
-1 with room for noise: the library's layer (the same kernel) measures about twice as fast as
-fp32, quiet or beside a busy core, and dequantize-then-multiply (the usual mistake, and
-QuantLinear's CPU path before it used torch's kernels) some 25 times slower (ranges:
-autograder/README.md).
+Why THRESHOLD sits where it does: the claim is "faster than the float layer", so it sits above 1
+with room for noise: the library's layer (the same kernel) measures about twice as fast as fp32,
+quiet or beside a busy core (1.6-2.2x on a CPU without AVX-512, where the kernel unpacks nibbles
+more slowly; 21 timed runs per side keep one noisy run from deciding), and
+dequantize-then-multiply (the usual mistake, and QuantLinear's CPU path before it used torch's
+kernels) some 25 times slower (ranges: autograder/README.md).
 
     from autograder.labs import lab04
     lab04.check_int4_speedup(Int4Linear)        # AssertionError below the threshold
@@ -42,8 +43,8 @@ from minillm.quant import QuantLinear
 
 SHAPE = (4096, 4096)      # [out, in] of the timed layer
 GROUP = 64
-THRESHOLD = 1.2           # required time(fp32 layer) / time(student's int4 layer)
-WARMUP, REPEATS = 2, 9
+THRESHOLD = 1.1           # required time(fp32 layer) / time(student's int4 layer)
+WARMUP, REPEATS = 3, 21
 LIBRARY = ("minillm.quant.QuantLinear.from_linear", "minillm.quant.QuantLinear.forward",
            "minillm.quant.QuantLinear.w4_cpu_layout", "kernels.cpu_weight_only.pack_w4_cpu",
            "kernels.cpu_weight_only.w4_cpu_matmul", "kernels.cpu_weight_only.w8_cpu_matmul")
