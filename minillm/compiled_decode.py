@@ -76,10 +76,18 @@ def inductor_vectorizes_int8() -> bool:
 
 
 class Int8Rows(NamedTuple):
-    """An int8 matrix as the step reads it: codes [out, in] and one scale per row, fp32 for
-    Inductor's loop or bf16 for torch's int8 kernel (`inductor_vectorizes_int8`)."""
+    """An int8 matrix as the step reads it: codes [out, in], one scale per row, and which product
+    reads them: Inductor's loop (`torch_kernel` False, fp32 scales) or torch's int8 kernel (True,
+    bf16 scales, as the kernel takes them); see `inductor_vectorizes_int8`. Build it with `of`."""
     codes: torch.Tensor
     scales: torch.Tensor
+    torch_kernel: bool
+
+    @classmethod
+    def of(cls, codes: torch.Tensor, scales: torch.Tensor, torch_kernel: bool) -> "Int8Rows":
+        """The rows with their scales in the dtype the chosen product reads."""
+        return cls(codes, scales.to(torch.bfloat16 if torch_kernel else torch.float32),
+                   bool(torch_kernel))
 
 
 def step_matrix(w):
@@ -93,7 +101,7 @@ def step_matrix(w):
     if w.bits == 8:
         kernel = w.qweight.is_cpu and not inductor_vectorizes_int8() and \
             "int8" not in cpu_weight_only.missing()
-        return Int8Rows(w.qweight, w.scales.to(torch.bfloat16 if kernel else torch.float32))
+        return Int8Rows.of(w.qweight, w.scales, kernel)
     packed = w.w4_cpu_layout()
     if packed is None:
         raise ValueError(f"CompiledDecoder needs torch's int4 CPU kernel for {w!r}: N a multiple "
@@ -107,16 +115,15 @@ def gemv(x: torch.Tensor, w) -> torch.Tensor:
     fp32: torch.mv, which Inductor generates into the step's own loops (as fast as the BLAS
     here). bf16 and int8: a loop Inductor generates, which loads each weight, widens it to fp32
     in registers and multiply-adds (int8: the row's scale applied once, at the end), except int8
-    rows with bf16 scales, which go to torch's int8 kernel (bf16 activations; see
+    rows marked `torch_kernel`, which go to torch's int8 kernel (bf16 activations; see
     `inductor_vectorizes_int8`). int4: torch's int4 CPU kernel (bf16 activations), because
     Inductor's loop over groups of packed nibbles is several times slower
     (benchmarks/gemv_bandwidth.py measures them all)."""
     if isinstance(w, cpu_weight_only.W4Packed):
         return cpu_weight_only.w4_cpu_matmul(x[None], w)[0]
     if isinstance(w, Int8Rows):
-        if w.scales.dtype == torch.bfloat16:        # torch's kernel (see step_matrix)
-            return torch.ops.aten._weight_int8pack_mm(x[None].to(torch.bfloat16), w.codes,
-                                                      w.scales)[0].float()
+        if w.torch_kernel:                          # chosen by step_matrix
+            return cpu_weight_only.w8_cpu_matmul(x[None], w.codes, w.scales)[0]
         return (w.codes.float() * x).sum(-1) * w.scales
     if w.dtype == torch.float32:
         return torch.mv(w, x)

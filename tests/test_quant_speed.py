@@ -11,6 +11,7 @@ from minillm.compiled_decode import (
     Int8Rows,
     gemv,
     inductor_vectorizes_int8,
+    step_matrix,
 )
 from minillm.config import ModelConfig
 from minillm.fast_decode import PackedDecoder, generate_packed
@@ -18,6 +19,7 @@ from minillm.kvcache import KVCache
 from minillm.model import Transformer
 from minillm.quant import QuantLinear, quantize_model
 from minillm.quant_speed import FORMATS, bench_quant, first_divergence, model_formats
+from minillm.timing import cpu_time_interleaved, ratio
 
 
 def tiny():
@@ -92,30 +94,25 @@ def test_the_int8_product_the_step_picks_is_the_faster_one_here():
     """`gemv` multiplies int8 rows with Inductor's loop where it vectorises (AVX-512) and with
     torch's int8 kernel elsewhere (on an AVX2 CPU the loop ran about 4x slower). Both, compiled as
     the step compiles them, on a 1024 x 2048 matrix, interleaved, medians of CPU time: the one
-    picked must not be the slow one."""
-    import time
+    step_matrix picks must not be the slow one."""
     torch.manual_seed(0)
     codes = torch.randint(-127, 128, (1024, 2048), dtype=torch.int8)
     scales = torch.rand(1024) + 0.5
     x = torch.randn(2048)
-    loop = Int8Rows(codes, scales.float())
-    kernel = Int8Rows(codes, scales.to(torch.bfloat16))
+    rows = {"loop": Int8Rows.of(codes, scales, False), "kernel": Int8Rows.of(codes, scales, True)}
     f = torch.compile(lambda x, w: gemv(x, w), options=INDUCTOR_OPTIONS)
-    times = {"loop": [], "kernel": []}
     with torch.no_grad():
         want = (codes.float() * x).sum(-1) * scales
-        for name, w in (("loop", loop), ("kernel", kernel)):
+        for name, w in rows.items():
             got = f(x, w)
             assert (got - want).abs().max() <= 0.02 * want.abs().max(), name
-        for _ in range(9):
-            for name, w in (("loop", loop), ("kernel", kernel)):
-                t = time.process_time()
-                for _ in range(10):
-                    f(x, w)
-                times[name].append(time.process_time() - t)
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    picked, other = ("loop", "kernel") if inductor_vectorizes_int8() else ("kernel", "loop")
-    assert med[picked] <= 1.5 * med[other], (picked, med)
+        times = cpu_time_interleaved({name: lambda w=w: [f(x, w) for _ in range(10)]
+                                      for name, w in rows.items()}, warmup=1, repeats=9)
+    q = QuantLinear.from_linear(torch.nn.Linear(2048, 1024, bias=False), 8)
+    picked = "kernel" if step_matrix(q).torch_kernel else "loop"
+    assert picked == ("loop" if inductor_vectorizes_int8() else "kernel")
+    other = "loop" if picked == "kernel" else "kernel"
+    assert ratio(times[other], times[picked]) >= 1 / 1.5, (picked, times)    # not 1.5x slower
 
 
 def test_first_divergence():
