@@ -18,6 +18,10 @@ submissions:
   out cell was interrupted no longer aborts the whole submission: the cell that was running and
   every later code cell get a `KernelDied` / `KernelUnresponsive` error output, so what ran before keeps its points and the rest scores zero (nbgrader counts a test
   cell without an error output as passed, so unexecuted cells must never be left blank);
+* a kernel that sends a message the client cannot decode (not JSON, or an int of more digits than
+  Python converts, which a kernel can send after `sys.set_int_max_str_digits(0)`) is treated like
+  one that died: `KernelUnreadable` on the running cell and every later one, instead of an
+  exception that ended the job and lost the cells that had passed;
 * before the first cell, the kernel runs `setup_code`: by default `autograder.bind()`, which
   binds the clock and the helpers the test cells use before any student code can patch them;
   for a sealed run (`seal`, see autograder/sealed.py) it installs the sealed-cell hook, and
@@ -25,7 +29,8 @@ submissions:
 * `sandbox` (an autograder.sandbox.SandboxSpec) starts the kernel inside the sandbox.
 
 After a run, `last_report` holds {"notebook", "seconds", "cells", "cell_timeouts",
-"notebook_timeout", "kernel_died", "unresponsive"} (the last two: index of the cell, or null)
+"notebook_timeout", "kernel_died", "unresponsive", "unreadable"} (the last three: index of the
+cell, or null)
 and `reports` the kernel's last signed verdicts (autograder/jobs.py checks them).
 
 This module imports only nbgrader/nbclient (not torch): nbgrader_config.py loads it by path
@@ -46,6 +51,24 @@ from nbgrader.preprocessors import Execute
 from traitlets import Any, Dict, Integer, Unicode
 
 REPORT_EXPRESSION = "__import__('autograder.sealed').sealed.report()"
+
+
+class UnreadableMessage(Exception):
+    """The kernel sent a message the client could not decode."""
+
+
+def _refuse_unreadable(session) -> None:
+    """Make `session` (the kernel client's) raise UnreadableMessage for any message it cannot
+    decode: json, an oversized int, a malformed header all fail in `deserialize`."""
+    decode = session.deserialize
+
+    def deserialize(*args, **kwargs):
+        try:
+            return decode(*args, **kwargs)
+        except Exception as e:
+            raise UnreadableMessage(f"{type(e).__name__}: {str(e)[:200]}") from e
+
+    session.deserialize = deserialize
 
 
 def _error_output(ename: str, evalue: str) -> NotebookNode:
@@ -134,12 +157,13 @@ class GuardedExecute(Execute):
         self._deadline = monotonic() + timeout if timeout > 0 else None
         report = {"notebook": (resources or {}).get("nbgrader", {}).get("notebook"),
                   "cells": 0, "cell_timeouts": [], "notebook_timeout": False,
-                  "kernel_died": None, "unresponsive": None}
+                  "kernel_died": None, "unresponsive": None, "unreadable": None}
         t0 = monotonic()
         index = 0
         try:
             with self.setup_kernel():
                 assert self.kc
+                _refuse_unreadable(self.kc.session)
                 info_msg = self.wait_for_reply(self.kc.kernel_info())
                 assert info_msg
                 self.nb.metadata["language_info"] = info_msg["content"]["language_info"]
@@ -161,21 +185,29 @@ class GuardedExecute(Execute):
                            o.get("ename") == self.error_on_timeout.get("ename")
                            for o in cell.get("outputs", [])):
                         report["cell_timeouts"].append(index)
-        except (DeadKernelError, CellTimeoutError) as e:
+        except (DeadKernelError, CellTimeoutError, UnreadableMessage) as e:
             # DeadKernelError: the kernel process is gone. CellTimeoutError: a cell ran past its
             # timeout and the kernel ignored the interrupt (it never went idle again).
-            died = isinstance(e, DeadKernelError)
-            report["kernel_died" if died else "unresponsive"] = index
-            why = ("the kernel died while running cell {i} (a crash, os._exit, or the memory "
-                   "limit)" if died else "the kernel did not respond after cell {i} timed out "
-                   "and was interrupted").format(i=index)
+            # UnreadableMessage: what the kernel says can no longer be trusted to be read.
+            if isinstance(e, DeadKernelError):
+                key, ename, why = "kernel_died", "KernelDied", (
+                    "the kernel died while running cell {i} (a crash, os._exit, or the memory "
+                    "limit)")
+            elif isinstance(e, CellTimeoutError):
+                key, ename, why = "unresponsive", "KernelUnresponsive", (
+                    "the kernel did not respond after cell {i} timed out and was interrupted")
+            else:
+                key, ename, why = "unreadable", "KernelUnreadable", (
+                    "the kernel sent a message the grader cannot read while running cell {i} "
+                    f"({e})")
+            report[key] = index
+            why = why.format(i=index)
             self.log.error("%s: %s", why, e)
             for i, cell in enumerate(self.nb.cells):
                 if i >= index and cell.cell_type == "code" and cell.source.strip():
                     outputs = list(cell.get("outputs", [])) if i == index else []
-                    outputs.append(_error_output("KernelDied" if died else "KernelUnresponsive",
-                                                 why + ("" if i == index else
-                                                        "; this cell did not run")))
+                    outputs.append(_error_output(ename, why + ("" if i == index else
+                                                               "; this cell did not run")))
                     cell.outputs = outputs
         report["seconds"] = round(monotonic() - t0, 3)
         self._write_report(report)

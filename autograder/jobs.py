@@ -336,7 +336,8 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
     """Put back each locked cell's source; make each test cell's outputs say its verdict.
     Returns what the notebook tampered with."""
     tampered = []
-    stopped = {"KernelDied", "KernelUnresponsive", "NotebookTimeout", "CellTimeoutError"}
+    stopped = {"KernelDied", "KernelUnresponsive", "KernelUnreadable", "NotebookTimeout",
+               "CellTimeoutError"}
     for cell in nb.cells:
         key = stubs.get(cell.source) if cell.cell_type == "code" else None
         if key is None:
@@ -472,6 +473,8 @@ def status_of(result: dict) -> str:
         return "kernel died"
     if any(r.get("unresponsive") is not None for r in reports):
         return "kernel unresponsive"
+    if any(r.get("unreadable") is not None for r in reports):
+        return "kernel unreadable"
     if any(r.get("notebook_timeout") for r in reports):
         return "notebook timeout"
     if any(r.get("cell_timeouts") for r in reports):

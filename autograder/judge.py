@@ -228,7 +228,7 @@ def _differs(got, want, atol: float, rtol: float, where: str) -> str | None:
         if bad:
             i = bad[0]
             return (f"{where}: {len(bad)} of {len(want['data'])} values differ (e.g. "
-                    f"{got['data'][i]!r} against {want['data'][i]!r})")
+                    f"{_short(got['data'][i])} against {_short(want['data'][i])})")
         return None
     if isinstance(want, dict) and "list" in want:
         if not isinstance(got, dict) or not isinstance(got.get("list"), list) or \
@@ -255,7 +255,16 @@ def _differs(got, want, atol: float, rtol: float, where: str) -> str | None:
 
 def _show(tree) -> str:
     s = _scalar(tree)
-    return repr(s if s is not None else tree)[:200]
+    return _short(s if s is not None else tree, 200)
+
+
+def _short(x, most: int = 40) -> str:
+    """repr(x) cut to `most` characters, saying how long it was (a shown number may have
+    hundreds of digits)."""
+    if isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 10 ** most:
+        return f"an int of {len(str(abs(x)))} digits"
+    text = repr(x)
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
 
 
 def _pairs(items) -> list:

@@ -20,7 +20,8 @@ class GradeRecord:
     student: str
     lab: str
     status: str                     # ok | cell timeout | notebook timeout | kernel died |
-    #                                kernel unresponsive | failed | killed after N s
+    #                                kernel unresponsive | kernel unreadable | failed |
+    #                                killed after N s
     seconds: float                  # the whole `nbgrader autograde` subprocess
     exec_seconds: float | None      # executing the notebook(s), from GuardedExecute's report
     cells: list[CellScore] = field(default_factory=list)

@@ -12,10 +12,11 @@ kernel); the hidden tests (history, file system, the test's frame); delegating t
 reference; the helpers the tests call (patched, rebound, state the integrity check does not
 snapshot); IPython's machinery; the sealed-cell hook (refused primitives, an audit hook of the
 notebook's own, code re-entering the hook, reading the kernel's memory, threads and signals);
-the values the tests show the grader (turned off, flooded);
+the values the tests show the grader (turned off, flooded, past a float);
 escaping the sandbox (files, processes, /proc/*/environ, network); the CPUs of the students
 graded beside it; robustness (not JSON,
-1,000,000 cells, 100 MB of output, an infinite loop, os._exit, 2 GiB); fake grade cells.
+1,000,000 cells, 100 MB of output, an infinite loop, os._exit, 2 GiB, a message the grader's
+client cannot decode); fake grade cells.
 
 For every attack:
 
@@ -37,7 +38,7 @@ For every attack:
 * the batch finishes with one record per submission; a tampering attack ends `tampered: ...`
   or with 0 on the test cell and a reason.
 
-Wall time: the batch (30 submissions: each costs a job process, a sandboxed kernel and an
+Wall time: the batch (32 submissions: each costs a job process, a sandboxed kernel and an
 `nbgrader autograde`; and one reference run of the dummy lab) took 155 s on 2 busy cores (the run
 fixture's setup in `pytest --durations`, 2026-11-27, beside the other grading tests). `TAMPER_ONLY=name,name` grades only those attacks
 (plus the honest submission), for working on one attack.
@@ -844,6 +845,36 @@ ATTACKS = [
                     display({"application/vnd.minillm.evidence+json": fake}, raw=True)
             return logits / t
     '''), earned=E_GOOD, require=("flooding evidence",)),
+    Attack("evidence_past_a_float", "a right `scale`, the kernel's own evidence off, and in "
+           "the hidden call it shows one item of its own: the test's name and shape, every value "
+           "10**400 (an int JSON allows and no float holds)",
+           src('''
+        import autograder.judge
+        from IPython.display import display
+        autograder.judge.SHOWING = False
+        print("showing a number past a float")
+        def scale(logits, t):
+            if logits.dim() == 2:
+                huge = {"name": "scale(y, 0.7)", "atol": 2e-5, "rtol": 2e-5,
+                        "value": {"shape": list(logits.shape), "data": [10**400] * logits.numel()}}
+                display({"application/vnd.minillm.evidence+json": huge}, raw=True)
+            return logits / t
+    '''), earned=E_GOOD, require=("showing a number past a float",)),
+    Attack("kernel_message_unreadable", "a right `scale` that, in the hidden call, lifts "
+           "Python's limit on int digits in the kernel and shows an evidence item holding a "
+           "20,000-digit int: a message the grader's client cannot decode",
+           src('''
+        import sys
+        from IPython.display import display
+        print("sending an unreadable message")
+        def scale(logits, t):
+            if logits.dim() == 2:
+                sys.set_int_max_str_digits(0)
+                huge = {"name": "scale(y, 0.7)", "atol": 0.0, "rtol": 0.0,
+                        "value": {"shape": [1], "data": [10**20000]}}
+                display({"application/vnd.minillm.evidence+json": huge}, raw=True)
+            return logits / t
+    '''), earned=E_GOOD, require=("sending an unreadable message",)),
     Attack("sealed_hook_detected", "a background thread flips autograder.assert_close and "
            "autograder.checks._isclose to fakes and back in a loop; a SIGALRM handler "
            "(setitimer) gets frames during the test",
@@ -1357,6 +1388,29 @@ def test_attack(run, name):
         f"hidden test text in {name}'s feedback: {hidden_leaks(run.batch.feedback[name])}"
     assert run.secret not in out and run.secret not in run.batch.feedback.get(name, "")
     assert not [p for p in run.host_files if name in p or run.marker in p]
+
+
+def test_a_number_past_a_float_is_judged_a_mismatch(run):
+    """The judge compared the item (it did not stop at a count or a name, nor crash): the test
+    cell's reason is that its values differ."""
+    name = "evidence_past_a_float"
+    if name not in BY_NAME or name not in run.batch.records:
+        pytest.skip(f"{name} not selected (TAMPER_ONLY)")
+    rec = run.batch.records[name]
+    cell = next(c for c in rec.cells if c.grade_id == SCALE_TEST)
+    assert cell.score == 0 and "21 of 21 values differ" in str(cell.errors), describe(rec)
+
+
+def test_an_unreadable_message_zeroes_the_cell_not_the_job(run):
+    """The job finished and said why: the cell that was running when the kernel sent what the
+    grader cannot decode, and the later ones, score zero with that reason."""
+    name = "kernel_message_unreadable"
+    if name not in BY_NAME or name not in run.batch.records:
+        pytest.skip(f"{name} not selected (TAMPER_ONLY)")
+    rec = run.batch.records[name]
+    assert rec.status == "kernel unreadable", describe(rec)
+    assert all(c.score == 0 and "KernelUnreadable" in str(c.errors) for c in rec.cells), \
+        describe(rec)
 
 
 def test_an_image_flood_is_cut_like_printed_text(run):
