@@ -53,8 +53,9 @@ from traitlets import Any, Dict, Integer, Unicode
 REPORT_EXPRESSION = "__import__('autograder.sealed').sealed.report()"
 
 
-class UnreadableMessage(Exception):
-    """The kernel sent a message the client could not decode."""
+class UnreadableMessage(ValueError):
+    """The kernel sent a message the client could not decode (a ValueError, as a failed
+    decode is, for any caller that handles one)."""
 
 
 def _refuse_unreadable(session) -> None:
@@ -198,10 +199,9 @@ class GuardedExecute(Execute):
                     "the kernel did not respond after cell {i} timed out and was interrupted")
             else:
                 key, ename, why = "unreadable", "KernelUnreadable", (
-                    "the kernel sent a message the grader cannot read while running cell {i} "
-                    f"({e})")
+                    "the kernel sent a message the grader cannot read while running cell {i}")
             report[key] = index
-            why = why.format(i=index)
+            why = why.format(i=index) + (f" ({e})" if key == "unreadable" else "")
             self.log.error("%s: %s", why, e)
             for i, cell in enumerate(self.nb.cells):
                 if i >= index and cell.cell_type == "code" and cell.source.strip():

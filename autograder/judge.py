@@ -262,7 +262,10 @@ def _short(x, most: int = 40) -> str:
     """repr(x) cut to `most` characters, saying how long it was (a shown number may have
     hundreds of digits)."""
     if isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 10 ** most:
-        return f"an int of {len(str(abs(x)))} digits"
+        try:
+            return f"an int of {len(str(abs(x)))} digits"
+        except ValueError:                  # past Python's int-to-text limit
+            return f"an int of {abs(x).bit_length()} bits"
     text = repr(x)
     return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
 

@@ -169,6 +169,10 @@ def test_numbers_past_a_float_are_a_mismatch_not_a_crash():
         assert len(why) < 200 and "0" * 50 not in why, why        # said, not printed
     assert ev.compare([item(1.5)], [{"name": "v", "value": huge, "atol": 0, "rtol": 0}]) \
         is not None
+    # past Python's int-to-text limit (4300 digits): said in bits, still no crash
+    why = ev.compare(ref, [{"name": "v", "value": {"shape": [1], "data": [10 ** 5000]},
+                            "atol": 0, "rtol": 0}])
+    assert "an int of 16610 bits" in why, why
 
 
 def _result(cells, evidence):
