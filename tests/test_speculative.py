@@ -317,6 +317,7 @@ def test_sample_packed_is_the_plain_sampler(shipped):
         spec.sample_packed(target, prompt, plain, params)          # seeded
 
 
+@pytest.mark.slow                       # compiles an int8 step (23 s on a 2-core AVX2 CPU)
 def test_compiled_int8_draft_keeps_greedy_exact(shipped):
     target, draft, tok = shipped
     drafter = ModelDrafter(draft, engine="compiled-int8")
