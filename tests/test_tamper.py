@@ -39,9 +39,11 @@ For every attack:
   or with 0 on the test cell and a reason.
 
 Wall time: the batch (32 submissions: each costs a job process, a sandboxed kernel and an
-`nbgrader autograde`; and one reference run of the dummy lab) took 155 s on 2 busy cores (the run
-fixture's setup in `pytest --durations`, 2026-11-27, beside the other grading tests). `TAMPER_ONLY=name,name` grades only those attacks
-(plus the honest submission), for working on one attack.
+`nbgrader autograde`; and one reference run of the dummy lab) took 155 s on 2 busy cores when it
+held 30 (the run fixture's setup in `pytest --durations`, 2026-11-27, beside the other grading
+tests); `pytest tests/test_tamper.py` alone, 32 submissions, took 272 s on a slower 2-core
+machine. `TAMPER_ONLY=name,name` grades only those attacks (plus the honest submission), for
+working on one attack.
 """
 from __future__ import annotations
 
