@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -30,6 +32,7 @@ def test_the_gemv_kernels_compile_for_sm90_and_their_loop_is_read():
     assert w8[1024]["ops"].get("PRMT", 0) >= 64      # one byte permute per int8 code at least
 
 
+@pytest.mark.slow       # make test only: two more SASS builds (12 s on a 2-core AVX2 CPU)
 def test_the_split_k_finish_compiles_with_its_two_atomics():
     """SPLIT_K > 1: each program counts itself in (atomic add), the last resets the counter
     (atomic exchange); without split-K there is no atomic at all."""
@@ -39,6 +42,7 @@ def test_the_split_k_finish_compiles_with_its_two_atomics():
         assert len(rows) == 2 and all(r["atomics"] == atomics for r in rows), (split, rows)
 
 
+@pytest.mark.slow       # make test only: one more SASS build (5 s on a 2-core AVX2 CPU)
 def test_the_int4_tensor_core_kernel_compiles_for_sm90():
     """kernels/dequant_matmul.py's int4 kernel for M = 2..16: the weight tile feeds the H100's
     warp-group tensor-core instruction (HGMMA), its codes become bfloat16 by the inline PTX (one

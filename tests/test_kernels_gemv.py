@@ -96,7 +96,8 @@ def test_gemv_float_is_one_operator_for_torch_compile():
         gemv.gemv_float(x[0], w)
 
 
-@pytest.mark.parametrize("M", [2, 5, 16])
+@pytest.mark.parametrize("M", [pytest.param(2, marks=pytest.mark.slow), 5,
+                               pytest.param(16, marks=pytest.mark.slow)])
 def test_split_k_on_the_dot_path(M):
     """M = 2..16 on the tensor-core path with K cut into 1..4 ranges (K ragged against the
     split), bias or not: the reference's result, and the counters are back at zero."""

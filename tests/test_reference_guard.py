@@ -312,6 +312,7 @@ def test_the_guard_does_not_depend_on_the_reference_module_globals(ref, monkeypa
     assert_blocked(f"{MOD}.top_p", lambda: ref.top_p([0.9]))
 
 
+@pytest.mark.slow       # make test only: a fresh interpreter under -O (8 s on a 2-core AVX2 CPU)
 def test_the_guard_survives_python_dash_O(ref):
     root = sys.modules[PKG].__path__[0].rsplit("/", 1)[0]
     code = textwrap.dedent(f"""
