@@ -133,7 +133,8 @@ def test_parallel_sampling_forks_and_copies_on_write(model):
     assert eng.bm.num_free_blocks == eng.bm.num_blocks
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton", pytest.param("triton-split", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["torch", "triton",
+                                     pytest.param("triton-split", marks=pytest.mark.slow)])
 def test_attention_backends_agree(model, backend):
     """The slot writes and the decode half through each backend: torch (the kernels' plain-torch
     reference, the CPU default) and the Triton kernels (CPU interpreter here, set by conftest;

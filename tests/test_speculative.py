@@ -107,7 +107,8 @@ def tiny(seed, layers=1):
                                    hidden_dim=32, max_seq_len=16)).eval()
 
 
-@pytest.mark.slow       # make test only: one step's distribution is checked in make check (16 s on a 2-core AVX2 CPU)
+# make test only (16 s on a 2-core AVX2 CPU): make check tests one step's distribution
+@pytest.mark.slow
 @torch.no_grad()
 def test_two_token_sequences_follow_the_target_distribution():
     """End to end with real (tiny, vocab 5) models: the distribution over the 25 possible
