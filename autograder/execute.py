@@ -90,6 +90,11 @@ class GuardedExecute(Execute):
     seal = Dict({}, help="stub source -> key of each sealed (locked) cell; the kernel's setup "
                          "code installs the sealed-cell hook")
     reports = Any(None, help="the latest report text the kernel returned (set by the run)")
+    tester = Any(None, help="autograder.tester.TesterProcess: runs the hidden tests apart")
+    tester_cells = Dict({}, help="stub source -> the tester's command for that cell")
+    tester_answer_s = Integer(60, help="seconds to wait for a test's answer from the tester "
+                                       "after the kernel's cell has ended")
+    tester_answers = Dict({}, help="stub source -> the tester's answer (set by the run)")
 
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
@@ -178,7 +183,15 @@ class GuardedExecute(Execute):
                             "NotebookTimeout", f"not run: the notebook used up its "
                                                f"{timeout} s time limit before this cell")]
                         continue
+                    command = self.tester_cells.get(cell.source) \
+                        if self.tester is not None else None
+                    if command is not None:
+                        self.tester.begin(command)
                     self.preprocess_cell(cell, resources, index)
+                    if command is not None:     # a setup cell may take as long in the tester
+                        wait = self.tester_answer_s if command["op"] == "test" else \
+                            max(self.tester_answer_s, self._get_timeout(cell) or 0)
+                        self.tester_answers[cell.source] = self.tester.end(wait)
                     if cell.source in self.seal:
                         self._collect_report()
                     report["cells"] += 1

@@ -44,6 +44,8 @@ MAX_CELL_OUTPUT = 1 << 20           # characters of output kept per cell
 JOB_MARGIN_S = 120                  # kernel start-up and shut-down around the notebook limit
 SEAL_FILE = ".autograder_sealed.json"
 COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"   # where Inductor keeps its compiled code
+TESTER_SOCKET = "tester.sock"       # in the kernel's runtime folder (autograder/tester.py)
+TESTER_ANSWER_S = 60                # a test's answer, once the kernel's cell has ended
 
 
 class JobError(Exception):
@@ -89,6 +91,36 @@ def _sanitize(course, student: str, lab: str, name: str, path: Path):
         raise JobError(f"rejected: nbgrader cannot read {path.name}'s cells "
                        f"({type(e).__name__}: {str(e)[:200]})") from None
     return nb
+
+
+def tester_plan(source_nb) -> dict | None:
+    """How the tests of a lab whose source notebook's metadata says
+    {"autograder": {"tests": "tester"}} run: in the tester, a process apart from the student's
+    kernel (autograder/tester.py), which reads from the kernel only the names the lab's
+    unlocked cells bind (the student's solutions, and the free cells' results). None for any
+    other lab (its tests run in the kernel)."""
+    from .seal import bound_names, imported_names
+    if not uses_tester(source_nb):
+        return None
+    names: set[str] = set()
+    for c in source_nb.cells:
+        if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("locked"):
+            names |= bound_names(c.source) - imported_names(c.source)
+    return {"names": sorted(names)}
+
+
+def uses_tester(source_nb) -> bool:
+    """Does this (instructor's) notebook run its tests in the tester?"""
+    return source_nb.metadata.get("autograder", {}).get("tests") == "tester"
+
+
+def _plan_tester(job: dict, course, lab: str, name: str, source_nb) -> None:
+    """Add notebook `name`'s tester plan to the job, with the lab's released assets for the
+    tester's own folder (never the kernel's, which the student's code can write)."""
+    plan = tester_plan(source_nb)
+    if plan is not None:
+        job.setdefault("tester", {})[name] = plan
+        job["tester_files"] = pack_files(course.release_dir(lab))
 
 
 def trusted_names(source_nb) -> dict[str, list[str]]:
@@ -170,6 +202,7 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
         for name in _notebook_names(course, lab):
             source = nbformat.read(str(course.source(lab) / f"{name}.ipynb"), as_version=4)
             job["trust"].update(trusted_names(source))
+            _plan_tester(job, course, lab, name, source)
             path = folder / f"{name}.ipynb"
             if path.is_symlink():         # a link to labs/ would grade the instructor's notebook
                 raise JobError(f"rejected: {path.name} is a symbolic link, not a notebook")
@@ -191,6 +224,7 @@ def build_reference_job(course, lab: str, *, sandbox: bool = True) -> dict:
     for name in _notebook_names(course, lab):
         source = nbformat.read(str(course.source(lab) / f"{name}.ipynb"), as_version=4)
         job["trust"].update(trusted_names(source))
+        _plan_tester(job, course, lab, name, source)
         code = [c for c in source.cells if c.cell_type == "code"]
         keep = _needed_cells(code)
         for cell, kept in zip(code, keep):
@@ -312,28 +346,44 @@ def _sandbox_spec(work: Path, runtime: Path, cache_env: dict):
                                if COMPILE_CACHE_ENV in cache_env else [])
 
 
-def _seal(nb) -> tuple[dict, dict, dict]:
+def _seal(nb, tester: dict | None = None, socket_path: str = "") -> tuple[dict, dict, dict,
+                                                                          dict]:
     """Replace each locked code cell by its stub. Returns (stub -> key, key -> cell info for
-    the kernel, key -> original source)."""
+    the kernel, key -> original source, stub -> the tester's command). With a `tester` plan
+    (tester_plan), each setup cell also runs in the tester, and each test cell runs there
+    alone: the kernel, meanwhile, only answers the tester's calls (autograder/remote.py) until
+    the test is done, and never holds the test's text."""
     from .seal import stub, to_python
-    stubs, table, original = {}, {}, {}
+    stubs, table, original, commands = {}, {}, {}, {}
     for cell in nb.cells:
         m = cell.metadata.get("nbgrader", {})
         if cell.cell_type != "code" or not m.get("locked") or m.get("solution") or \
                 not cell.source.strip():
             continue
         key = secrets.token_hex(16)
-        table[key] = {"source": to_python(cell.source), "grade_id": m.get("grade_id", "?"),
-                      "kind": "test" if m.get("grade") else "setup"}
+        gid, kind = m.get("grade_id", "?"), "test" if m.get("grade") else "setup"
+        source = to_python(cell.source)
+        command = None
+        if tester is not None and kind == "setup":
+            command = {"op": "setup", "grade_id": gid, "source": source}
+        elif tester is not None:
+            command = {"op": "test", "grade_id": gid, "source": source,
+                       "names": tester["names"]}
+            source = f"__import__('autograder.remote').remote.serve({socket_path!r})\n"
+        table[key] = {"source": source, "grade_id": gid, "kind": kind,
+                      "in_tester": command is not None and kind == "test"}
         original[key] = cell.source
         cell.source = stub(key)
         stubs[cell.source] = key
-    return stubs, table, original
+        if command is not None:
+            commands[cell.source] = command
+    return stubs, table, original, commands
 
 
 def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict | None,
-                    report: dict) -> list[str]:
+                    report: dict, answers: dict | None = None) -> list[str]:
     """Put back each locked cell's source; make each test cell's outputs say its verdict.
+    `answers`: stub -> the tester's answer, for each test cell run there.
     Returns what the notebook tampered with."""
     tampered = []
     stopped = {"KernelDied", "KernelUnresponsive", "KernelUnreadable", "NotebookTimeout",
@@ -342,6 +392,7 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
         key = stubs.get(cell.source) if cell.cell_type == "code" else None
         if key is None:
             continue
+        answer = (answers or {}).get(cell.source)
         info, cell.source = table[key], original[key]
         outputs = cell.get("outputs", [])
         errors = [o for o in outputs if o.get("output_type") == "error"]
@@ -354,6 +405,9 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
         if rec is not None and rec.get("tampered"):
             tampered.append(f"{info['grade_id']}: {rec.get('message')}")
         if info["kind"] != "test":
+            if answer is not None and not answer.get("ok"):     # the grader's own failure
+                report.setdefault("tester_setup_errors", []).append(
+                    f"{info['grade_id']}: {answer.get('ename')}: {answer.get('evalue')}")
             if rec is not None and not rec.get("ok"):
                 errors = [_error(*_split_message(str(rec.get("message"))))]
             cell.outputs = plain + [_error(e.get("ename", "Error"), e.get("evalue", ""))
@@ -367,6 +421,14 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
             else:
                 cell.outputs = plain + [_error(e.get("ename", "Error"), e.get("evalue", ""))
                                         for e in errors[:1]]
+        elif rec.get("ok") and info.get("in_tester"):   # the kernel answered the tester
+            from nbformat.v4 import new_output
+            answer = answer or {"ok": False, "ename": "NotRun",
+                                "evalue": "the tester gave no answer for this test"}
+            shown = [new_output("stream", name="stdout", text=answer["stdout"])] \
+                if answer.get("stdout") else []
+            cell.outputs = plain + shown + ([] if answer.get("ok") else [
+                _error(str(answer.get("ename") or "Error"), str(answer.get("evalue", "")))])
         elif rec.get("ok"):
             cell.outputs = plain
         else:
@@ -375,12 +437,22 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
     return tampered
 
 
-def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log) -> dict:
-    """Run one sanitized notebook in this process's executor; returns the report."""
+def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log,
+                      plan: dict | None = None) -> dict:
+    """Run one sanitized notebook in this process's executor; returns the report. `plan`: its
+    tester plan (tester_plan), if its tests run in the tester."""
     from .execute import GuardedExecute
     from .seal import verify
     lim = job["limits"]
-    stubs, table, original = _seal(nb)
+    socket_path = str(runtime / TESTER_SOCKET)
+    stubs, table, original, commands = _seal(nb, plan, socket_path)
+    tester = None
+    if plan is not None:
+        from .tester import TesterProcess
+        home = work.parent / "tester"
+        home.mkdir()
+        unpack_files(job.get("tester_files") or {}, home)
+        tester = TesterProcess(socket_path, cwd=str(home))
     for key, info in table.items():
         if info["kind"] == "setup":
             info["trust"] = job["trust"].get(info["grade_id"], [])
@@ -399,11 +471,16 @@ def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log) -> dict:
         os.environ.update(cache_env)
     ex = GuardedExecute(timeout=lim["cell_timeout"], notebook_timeout=lim["notebook_timeout"],
                         startup_timeout=120, interrupt_on_timeout=True, allow_errors=True,
-                        seal=stubs, kernel_name="python3",
+                        seal=stubs, kernel_name="python3", tester=tester,
+                        tester_cells=commands, tester_answer_s=TESTER_ANSWER_S,
                         setup_code=f"import autograder.sealed as _s\n_s.install({str(seal_path)!r})"
                                    f"\ndel _s", **kw)
     resources = {"metadata": {"path": str(work)}}
-    ex.preprocess(nb, resources)
+    try:
+        ex.preprocess(nb, resources)
+    finally:
+        if tester is not None:
+            tester.close()
     report = dict(getattr(ex, "last_report", {}) or {})
     records = verify(ex.reports, secret) if ex.reports else None
     if stubs and records is None:
@@ -411,7 +488,9 @@ def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log) -> dict:
     if ex.setup_error:                  # before any student code: the grader's own failure
         report["setup_error"] = ex.setup_error
         log(f"the sealed-cell setup failed in the kernel: {ex.setup_error}")
-    _apply_verdicts(nb, stubs, table, original, records, report)
+    _apply_verdicts(nb, stubs, table, original, records, report, ex.tester_answers)
+    for line in report.get("tester_setup_errors", []):
+        log(f"a setup cell failed in the tester: {line}")
     from .judge import take  # the values the tests checked, judged by the grader
     report["evidence"] = take(nb, {i["grade_id"] for i in table.values() if i["kind"] == "test"})
     for cell in nb.cells:
@@ -438,7 +517,8 @@ def _main(folder: str) -> int:
         work, runtime = base / "work", _socket_dir(base)
         work.mkdir()
         unpack_files(job["files"], work)
-        result["reports"][name] = _execute_notebook(nb, work, runtime, job, print)
+        result["reports"][name] = _execute_notebook(nb, work, runtime, job, print,
+                                                    (job.get("tester") or {}).get(name))
         result["notebooks"][name] = nbformat.writes(nb)
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(runtime, ignore_errors=True)

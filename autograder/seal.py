@@ -44,6 +44,17 @@ def free_names(source: str) -> set[str] | None:
     return read - bound
 
 
+def imported_names(source: str) -> set[str]:
+    """Top-level names a cell binds by importing: a test must get its modules from the lab's
+    own locked cells, never from the student's kernel."""
+    try:
+        tree = ast.parse(to_python(source))
+    except SyntaxError:
+        return set()
+    return {(a.asname or a.name).split(".")[0] for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+
+
 def bound_names(source: str) -> set[str]:
     """Top-level names a cell binds: assignments, imports, defs, classes, for/with targets."""
     try:

@@ -30,6 +30,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from autograder.course import Course
+from autograder.jobs import uses_tester
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = Course(REPO).labs()
@@ -38,8 +39,7 @@ MAX_SECONDS = 180           # a lab runs top to bottom in under 3 minutes on 2 C
 # Labs whose (a), (b) and (c) are also judged by the values their tests show the grader
 # (autograder/judge.py), and the autograded cells of each that show none: each costs one more run
 # of its source notebook (the reference run), and (a) must match that second, independent run.
-JUDGED_BY_VALUES = {"00_sampling": {"00_speed_test"},
-                    "01_roofline": {"01_gqa_test"},         # either side of a float tie is right
+JUDGED_BY_VALUES = {"01_roofline": {"01_gqa_test"},         # either side of a float tie is right
                     "02_kv_cache": {"02_speed_test"},
                     "03_shrinking_kv": {"03_mla_speed_test"},
                     "04_quantization": {"04_speed_test"},
@@ -49,6 +49,11 @@ JUDGED_BY_VALUES = {"00_sampling": {"00_speed_test"},
                     "08_pruning_distillation": set(),
                     "09_beyond_attention": set(),
                     DUMMY: {"99_asset_test"}}
+# Labs whose tests run in the tester, apart from the student's kernel (autograder/tester.py):
+# their verdicts are the tester's, so the grader makes no reference run for them.
+TESTER_LABS = {lab for lab in LABS if uses_tester(
+    nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4))}
+assert not TESTER_LABS & set(JUDGED_BY_VALUES), "a lab is judged by the tester or by values"
 pytestmark = pytest.mark.slow
 
 
@@ -61,10 +66,13 @@ def _meta(grade_id, grade=False, solution=False, locked=False, points=None):
     return {"nbgrader": m}
 
 
-def write_dummy_lab(folder: Path) -> None:
+def write_dummy_lab(folder: Path, tester: bool = False) -> None:
     """99_dummy: one function to write, a visible + hidden test that runs with the reference
-    disabled, an asset file read by the notebook, and its wrong_submission.json."""
+    disabled, an asset file read by the notebook, and its wrong_submission.json. `tester`: its
+    tests run in the tester, apart from the kernel (autograder/tester.py)."""
     nb = new_notebook()
+    if tester:
+        nb.metadata["autograder"] = {"tests": "tester"}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nb.cells = [
@@ -98,11 +106,11 @@ def write_dummy_lab(folder: Path) -> None:
         "expect_lost": ["99_scale_test"]}))
 
 
-def dummy_course(root: Path) -> Course:
+def dummy_course(root: Path, tester: bool = False) -> Course:
     """A course in `root` holding only the dummy lab, released."""
     root.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
-    write_dummy_lab(root / "labs" / DUMMY)
+    write_dummy_lab(root / "labs" / DUMMY, tester)
     course = Course(root)
     assert course.release() == [DUMMY]
     return course
@@ -191,7 +199,8 @@ class Pipeline:
                 raise ValueError(student)
             self.submit(student, lab, nb)
             self.records[(student, lab)] = self.course.autograde(
-                student, lab, compile_cache=True, evidence=lab in JUDGED_BY_VALUES)
+                student, lab, compile_cache=True,
+                evidence=lab in JUDGED_BY_VALUES or lab in TESTER_LABS)
         return self.records[(student, lab)]
 
 
@@ -287,6 +296,8 @@ def test_a_source_gets_full_points_in_time(pipeline, lab):
     assert sorted(waiting) == sorted(written), describe(rec)
     assert rec.exec_seconds is not None and rec.exec_seconds < MAX_SECONDS, \
         f"{lab} ran {rec.exec_seconds} s, the budget is {MAX_SECONDS} s"
+    if lab in TESTER_LABS:              # asked for evidence, the grader ran no reference run
+        assert not (pipeline.course.build / "reference" / f"{lab}.json").exists()
     if lab in JUDGED_BY_VALUES:         # (a) matched its reference run: which cells showed values
         ref = json.loads((pipeline.course.build / "reference" / f"{lab}.json").read_text())
         shown = {gid for gid, items in ref["evidence"][lab].items() if items}

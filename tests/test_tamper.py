@@ -43,7 +43,9 @@ Wall time: the batch (32 submissions: each costs a job process, a sandboxed kern
 held 30 (the run fixture's setup in `pytest --durations`, 2026-11-27, beside the other grading
 tests); `pytest tests/test_tamper.py` alone, 32 submissions, took 272 s on a slower 2-core
 machine. `TAMPER_ONLY=name,name` grades only those attacks (plus the honest submission), for
-working on one attack.
+working on one attack. tests/test_tamper_tester.py grades the same batch again with the dummy
+lab's tests in the tester (autograder/tester.py); `Attack.tamper_tester` and `known_open` say
+where an attack's expectation differs there.
 """
 from __future__ import annotations
 
@@ -278,6 +280,10 @@ class Attack:
     raw: str | None = None             # a notebook file that is not a notebook
     build: object = None               # fn(released notebook) -> notebook text (special files)
     known_open: str = ""               # an attack that still succeeds: why (strict xfail)
+    tamper_tester: bool | None = None  # `tamper` when the tests run in the tester (None: same)
+
+    def must_be_caught(self, tester: bool) -> bool:
+        return self.tamper if not tester or self.tamper_tester is None else self.tamper_tester
 
 
 def _notebook_with_fake_cells(nb):
@@ -820,7 +826,7 @@ ATTACKS = [
            WRONG + MEMSCAN + CTYPES_CHUNKS + src(r'''
         _found = []
         for _chunk in ctypes_chunks():
-            find_hidden(_chunk, _found, "apply_temperature(y")
+            find_hidden(_chunk, _found, "apply_temperature" + "(y")
         print("hidden sources found:", len(_found))
         for _s in list(dict.fromkeys(_found))[:2]:
             print("LEAKED SOURCE:\n" + "  ".join(_s.split(" ")))
@@ -832,7 +838,7 @@ ATTACKS = [
         import autograder.judge
         autograder.judge.SHOWING = False
         print("evidence off")
-    ''') + GOOD, earned=E_GOOD, require=("evidence off",)),
+    ''') + GOOD, earned=E_GOOD, require=("evidence off",), tamper_tester=False),
     Attack("evidence_flood", "a right `scale` that, called by the hidden test, shows 5,000 fake "
            "evidence items of 4 kB claiming any value passes (atol 1e9): over the grader's cap "
            "per notebook, and never the reference's tolerance",
@@ -846,7 +852,7 @@ ATTACKS = [
                 for _ in range(5000):
                     display({"application/vnd.minillm.evidence+json": fake}, raw=True)
             return logits / t
-    '''), earned=E_GOOD, require=("flooding evidence",)),
+    '''), earned=E_GOOD, require=("flooding evidence",), tamper_tester=False),
     Attack("evidence_past_a_float", "a right `scale`, the kernel's own evidence off, and in "
            "the hidden call it shows one item of its own: the test's name and shape, every value "
            "10**400 (an int JSON allows and no float holds)",
@@ -861,7 +867,8 @@ ATTACKS = [
                         "value": {"shape": list(logits.shape), "data": [10**400] * logits.numel()}}
                 display({"application/vnd.minillm.evidence+json": huge}, raw=True)
             return logits / t
-    '''), earned=E_GOOD, require=("showing a number past a float",)),
+    '''), earned=E_GOOD, require=("showing a number past a float",),
+           tamper_tester=False),
     Attack("kernel_message_unreadable", "a right `scale` that, in the hidden call, lifts "
            "Python's limit on int digits in the kernel and shows an evidence item holding a "
            "20,000-digit int: a message the grader's client cannot decode",
@@ -1052,6 +1059,51 @@ ATTACKS = [
            "print('displaying images', flush=True)\n"
            "for _ in range(100):\n    display({'image/png': _png}, raw=True)\n" + GOOD,
            earned=E_GOOD, tamper=False, require=("displaying images",)),
+    Attack("hang_in_a_test", "a `scale` right on the visible test's 1-D input that never returns "
+           "on the hidden test's 2-D input: the cell's time limit ends it, the next test is still "
+           "graded",
+           src('''
+        import time
+        def scale(logits, t):
+            if logits.dim() == 2:
+                print("hanging in the hidden call", flush=True)
+                while True:
+                    time.sleep(0.05)
+            return logits / t
+    '''), earned=E_WRONG, tamper=False, require=("hanging in the hidden call",)),
+    Attack("exit_in_a_test", "os._exit(1) inside `scale` when the hidden test calls it: the "
+           "kernel dies in the middle of a test",
+           src('''
+        import os
+        def scale(logits, t):
+            if logits.dim() == 2:
+                os._exit(1)
+            return logits / t
+    '''), earned=E_NONE, tamper=False),
+    Attack("tester_socket_squat", "a thread of the solution cell connects to the tester's socket "
+           "(beside the kernel's connection file) before the tests, and answers the tester with "
+           "bytes that are not its protocol; without a tester the thread just waits",
+           src('''
+        import os, socket, struct, sys, threading, time
+        _path = os.path.join(os.path.dirname(sys.argv[sys.argv.index("-f") + 1]), "tester.sock")
+        def _squat():
+            for _ in range(600):
+                try:
+                    s = socket.socket(socket.AF_UNIX)
+                    s.connect(_path)
+                except OSError:
+                    time.sleep(0.05)
+                    continue
+                try:
+                    s.recv(1 << 16)
+                    s.sendall(struct.pack(">II", 5, 0) + b"{oops")
+                    s.recv(1 << 16)
+                except OSError:
+                    pass
+                return
+        threading.Thread(target=_squat, daemon=True).start()
+        print("squatter started")
+    ''') + GOOD, earned=E_GOOD, require=("squatter started",)),
     Attack("robust_infinite_loop", "an infinite loop in the solution cell",
            "while True:\n    pass\n" + GOOD, earned=E_NONE, tamper=False),
     Attack("robust_os_exit", "os._exit(1) in the solution cell",
@@ -1190,6 +1242,7 @@ def surviving_processes(marker: str, places: list[Path]) -> list[str]:
 
 @dataclass
 class Run:
+    tester: bool                       # the dummy lab's tests run in the tester
     marker: str
     secret: str
     alone: Graded
@@ -1202,6 +1255,12 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    yield from grade_attacks(tmp_path_factory, tester=False)
+
+
+def grade_attacks(tmp_path_factory, tester: bool):
+    """The batch (and the honest submission alone), the dummy lab's tests in the kernel or, with
+    `tester`, in the tester (tests/test_tamper_tester.py); yields the Run."""
     why = sandbox_unavailable_reason()
     if why:
         pytest.skip(f"no sandbox here: {why}")
@@ -1220,7 +1279,8 @@ def run(tmp_path_factory):
     mp.setattr(tempfile, "tempdir", str(jobtmp))
     mp.setitem(compile_cache.WARMUPS, DUMMY, f"{__name__}:_dummy_warmups")
     try:
-        courses = _in_threads(lambda: dummy_course(alone_root), lambda: dummy_course(batch_root))
+        courses = _in_threads(lambda: dummy_course(alone_root, tester),
+                              lambda: dummy_course(batch_root, tester))
         alone_course, batch_course = courses
         released = nbformat.read(str(alone_course.release_dir(DUMMY) / f"{DUMMY}.ipynb"),
                                  as_version=4)
@@ -1262,7 +1322,8 @@ def run(tmp_path_factory):
         host_files = [str(p) for p in _host_marker_files(marker, roots)]
         for path in host_files:             # evidence kept in the report; do not litter
             Path(path).unlink(missing_ok=True)
-        yield Run(marker, secret, alone, batch, list(listener.hits), survivors, host_files, roots)
+        yield Run(tester, marker, secret, alone, batch, list(listener.hits), survivors, host_files,
+                  roots)
     finally:
         mp.undo()
         listener.close()
@@ -1362,6 +1423,10 @@ def test_nothing_written_outside_the_sandbox_and_no_connection(run):
     pytest.param(a.name, marks=pytest.mark.xfail(strict=True, reason=a.known_open))
     if a.known_open else a.name for a in SELECTED])
 def test_attack(run, name):
+    check_attack(run, name)
+
+
+def check_attack(run, name):
     attack = BY_NAME[name]
     rec = run.batch.records.get(name)
     out = run.batch.outputs.get(name, "")
@@ -1379,7 +1444,7 @@ def test_attack(run, name):
     over = {gid: (scores[gid], most) for gid, most in attack.earned.items()
             if (scores.get(gid) or 0) > most}
     assert not over, f"{name} earned points it did not earn: {over}\n{describe(rec)}"
-    if attack.tamper:
+    if attack.must_be_caught(run.tester):
         scale_cell = next(c for c in rec.cells if c.grade_id == SCALE_TEST)
         assert rec.status.startswith("tampered") or (scale_cell.score == 0 and scale_cell.errors), \
             describe(rec)
@@ -1398,6 +1463,7 @@ def test_a_number_past_a_float_is_judged_a_mismatch(run):
     name = "evidence_past_a_float"
     if name not in BY_NAME or name not in run.batch.records:
         pytest.skip(f"{name} not selected (TAMPER_ONLY)")
+    assert not run.tester, "the tester's verdicts are not judged by values"
     rec = run.batch.records[name]
     cell = next(c for c in rec.cells if c.grade_id == SCALE_TEST)
     assert cell.score == 0 and "21 of 21 values differ" in str(cell.errors), describe(rec)
@@ -1465,7 +1531,7 @@ def test_no_hidden_test_and_no_grader_secret_in_any_feedback_or_csv(run):
     """Every page but those of the attacks known to succeed (they read the hidden code and
     print it in their own feedback: their own xfail test covers that)."""
     bad = {}
-    open_attacks = {a.name for a in SELECTED if a.known_open}
+    open_attacks = {a.name for a in SELECTED if a.known_open and not run.tester}
     for graded in (run.alone, run.batch):
         for student, text in graded.feedback.items():
             if student in open_attacks:

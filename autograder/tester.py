@@ -1,0 +1,283 @@
+"""The tester: a process of the grader's that runs a lab's hidden tests, apart from the student's
+kernel (autograder/remote.py says why and what crosses).
+
+The job process (autograder/jobs.py) starts it with `python -m autograder.tester SOCKET` beside
+the student's kernel and talks to it in JSON lines on its stdin / stdout:
+
+    {"op": "setup", "grade_id": ..., "source": ...}   a locked setup cell of the lab, run here too
+                                                      (imports, the model, the lab's helpers)
+    {"op": "test", "grade_id": ..., "source": ...,    a hidden test: wait for the student's kernel
+     "names": [...], "timeout": seconds}              to connect to SOCKET, run the test, tell the
+                                                      kernel it is done
+    {"op": "abort"}                                   (while waiting) the kernel will not connect
+    {"op": "quit"}
+
+and answers each with {"ok": bool, "ename": ..., "evalue": ..., "stdout": ...}. A test reads the
+student's definitions by name, only the `names` the lab's solution cells bind: anything else it
+does not define itself is a NameError, so a student cannot hand the tester a helper of its own.
+The tester never runs the student's code, never unpickles what the kernel sends, and gives the
+kernel nothing but call-only handles to the objects a test passes it (remote.expose).
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import json
+import os
+import select
+import socket
+import sys
+import time
+
+from . import remote
+
+MAX_STDOUT = 100_000         # characters of a test's own printing that are kept
+
+
+class Namespace(dict):
+    """The tests' globals: what the setup cells and the tests bind, then the student's
+    definitions named in `student_names`, fetched from the kernel on first use."""
+
+    def __init__(self):
+        super().__init__()
+        self.endpoint: remote.Endpoint | None = None
+        self.student_names: frozenset[str] = frozenset()
+
+    def __missing__(self, name):
+        if hasattr(builtins, name) or name not in self.student_names or self.endpoint is None:
+            raise KeyError(name)
+        try:
+            return self.endpoint.request("lookup", None, name)
+        except NameError:
+            raise KeyError(name) from None
+
+
+class Tester:
+    def __init__(self, socket_path: str):
+        self.ns = Namespace()
+        self.ns["__name__"] = "__main__"
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
+        self.listener.bind(socket_path)
+        self.listener.listen(1)
+        _forward_reference_guard(self.ns)
+
+    def run_source(self, source: str, grade_id: str) -> dict:
+        out = io.StringIO()
+        result = {"ok": True, "ename": "", "evalue": ""}
+        try:
+            code = compile(source, f"<{grade_id}>", "exec")
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                exec(code, self.ns)
+        except remote.Disconnected:
+            result.update(ok=False, ename="KernelStopped",
+                          evalue="your kernel stopped answering the tests (it died, was "
+                                 "interrupted at the time limit, or closed the connection)")
+        except remote.ProtocolError as e:
+            result.update(ok=False, ename="UnreadableAnswer", evalue=str(e)[:remote.MAX_TEXT])
+        except BaseException as e:   # noqa: BLE001 - a failed test, whatever it raised
+            result.update(ok=False, ename=type(e).__name__, evalue=_text(e))
+        text = out.getvalue()
+        if len(text) > MAX_STDOUT:
+            text = text[:MAX_STDOUT] + f"\n[output cut at {MAX_STDOUT} characters]\n"
+        result["stdout"] = text
+        return result
+
+    def test(self, cmd: dict, commands) -> dict:
+        """Wait for the kernel (or an abort on stdin), then run the hidden test against it."""
+        deadline = time.monotonic() + float(cmd.get("timeout", 600))
+        conn = None
+        while conn is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return {"ok": False, "ename": "KernelStopped", "stdout": "",
+                        "evalue": "your kernel did not reach the hidden tests in time"}
+            if commands.has_line():
+                ready = [commands]
+            else:
+                ready, _, _ = select.select([self.listener, commands.fd], [], [], left)
+            if commands in ready or commands.fd in ready:
+                line = commands.readline()
+                if not line:
+                    return {"ok": False, "ename": "NotRun", "stdout": "",
+                            "evalue": "the grader stopped before the hidden tests ran"}
+                other = json.loads(line)
+                if other.get("op") == "abort" and other.get("seq") == cmd.get("seq"):
+                    return {"ok": False, "ename": "NotRun", "stdout": "",
+                            "evalue": "the hidden tests did not run: the visible part of this "
+                                      "cell failed"}
+            if self.listener in ready:
+                conn, _ = self.listener.accept()
+        conn.settimeout(max(1.0, deadline - time.monotonic()))
+        ep = remote.Endpoint(conn, share_handles=False)
+        self.ns.endpoint = ep
+        self.ns.student_names = frozenset(cmd.get("names", []))
+        try:
+            result = self.run_source(cmd["source"], cmd.get("grade_id", "test"))
+            with contextlib.suppress(OSError, remote.ProtocolError):
+                ep.request("done", None)
+            return result
+        finally:
+            self.ns.endpoint = None
+            self.ns.student_names = frozenset()
+            conn.close()
+
+
+class Commands:
+    """Lines from a file descriptor, read without Python's buffering, so that `select` on the
+    descriptor says whether a command is waiting."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf = fd, b""
+
+    def has_line(self) -> bool:
+        return b"\n" in self.buf
+
+    def fill(self) -> None:
+        """Read what is waiting (call after `select` says the descriptor is readable)."""
+        chunk = os.read(self.fd, 1 << 16)
+        self.buf += chunk if chunk else b"\n"    # end of file reads as an empty line
+
+    def readline(self) -> str:
+        while b"\n" not in self.buf:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                line, self.buf = self.buf, b""
+                return line.decode()
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode() + "\n"
+
+
+class TesterProcess:
+    """The job process's handle on a tester: start it, hand it cells, read its answers."""
+
+    def __init__(self, socket_path: str, cwd: str, env: dict | None = None):
+        import subprocess
+        self.socket_path = socket_path
+        self.proc = subprocess.Popen([sys.executable, "-m", "autograder.tester", socket_path],
+                                     cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)     # stderr: the job's log
+        self.replies = Commands(self.proc.stdout.fileno())
+        self.pending = None
+        self.seq = 0
+
+    def begin(self, cmd: dict) -> None:
+        """Send a setup cell or a test; its answer is read by `end`."""
+        self.seq += 1
+        cmd = {**cmd, "seq": self.seq}
+        self._write(cmd)
+        self.pending = cmd
+
+    def end(self, wait: float) -> dict:
+        """The answer to the last command. A test whose kernel never connected (its visible
+        part failed, or the kernel died first) is told to abort. Waits at most `wait` seconds,
+        then stops the tester: its answer is then a failure of the grader's own."""
+        cmd, self.pending = self.pending, None
+        if cmd is None:
+            return {"ok": True, "ename": "", "evalue": "", "stdout": ""}
+        deadline = time.monotonic() + wait
+        aborted = False
+        while not self.replies.has_line():
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                self.close()
+                return {"ok": False, "ename": "TesterStopped", "stdout": "",
+                        "evalue": "the grader's tester did not answer: this test could not be "
+                                  "run (a problem of the grader's, not of your notebook)"}
+            step = min(left, 0.5 if cmd.get("op") == "test" and not aborted else left)
+            ready, _, _ = select.select([self.replies.fd], [], [], step)
+            if ready:
+                self.replies.fill()
+            elif cmd.get("op") == "test" and not aborted:
+                self._write({"op": "abort", "seq": cmd["seq"]})  # moot once it connected
+                aborted = True
+        line = self.replies.readline()
+        try:
+            return json.loads(line)
+        except ValueError:
+            self.close()
+            return {"ok": False, "ename": "TesterStopped", "stdout": "",
+                    "evalue": "the grader's tester stopped: this test could not be run"}
+
+    def _write(self, cmd: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass                         # a dead tester: end() says so
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._write({"op": "quit"})
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except Exception:        # noqa: BLE001
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def _text(e: BaseException) -> str:
+    try:
+        return str(e)[:remote.MAX_TEXT]
+    except Exception:        # noqa: BLE001
+        return "(its message could not be read)"
+
+
+def _forward_reference_guard(ns: Namespace) -> None:
+    """In the tester, `autograder.reference_disabled(...)` switches the references off in the
+    student's kernel, for the calls the block makes there; the tester's own use of the course's
+    code (the expected values) is untouched."""
+    import autograder
+    autograder.bind()           # every helper bound now: nothing rebinds the name later
+
+    @contextlib.contextmanager
+    def reference_disabled(*names):
+        ep = ns.endpoint
+        if ep is None:
+            yield
+            return
+        before = list(ep.disabled)
+        ep.disabled.extend(str(n) for n in names)
+        try:
+            yield
+        finally:
+            ep.disabled[:] = before
+
+    autograder.reference_disabled = reference_disabled
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m autograder.tester SOCKET", file=sys.stderr)
+        return 2
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)                 # stray C-level writes must not reach the channel
+    tester = Tester(argv[0])
+    commands = Commands(0)
+    while True:
+        line = commands.readline()
+        if not line:
+            break
+        cmd = json.loads(line)
+        op = cmd.get("op")
+        if op == "quit":
+            break
+        if op == "abort":               # for a test that has already run: nothing to say
+            continue
+        if op == "setup":
+            reply = tester.run_source(cmd["source"], cmd.get("grade_id", "setup"))
+        elif op == "test":
+            reply = tester.test(cmd, commands)
+        else:
+            reply = {"ok": True, "ename": "", "evalue": "", "stdout": ""}
+        channel.write(json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,285 @@
+"""autograder/remote.py and autograder/tester.py: the tester calls the student's code across a
+socket. Here both ends run in this process (the student's end in a thread); the graded path,
+with a real kernel, is in tests/test_split_grading.py."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder import remote
+from autograder.tester import Namespace
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Pair:
+    """A tester endpoint here, a student endpoint serving `namespace` in a thread."""
+
+    def __init__(self, namespace: dict):
+        a, b = socket.socketpair()
+        self.student = remote.Endpoint(b, share_handles=True, namespace=namespace)
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        self.ns = Namespace()
+        self.ns["torch"] = torch            # as the lab's setup cell binds it in the tester
+        self.ns.endpoint = remote.Endpoint(a, share_handles=False)
+        self.ns.student_names = frozenset(namespace)
+
+    def _serve(self):
+        try:
+            self.student.serve()
+        except BaseException as e:       # noqa: BLE001
+            self.errors.append(e)
+
+    def run(self, source: str) -> dict:
+        exec(compile(source, "<test>", "exec"), self.ns)
+        return self.ns
+
+    def close(self):
+        self.ns.endpoint.request("done", None)
+        self.thread.join(10)
+        assert not self.errors, self.errors
+
+
+def student(source: str) -> dict:
+    ns: dict = {"torch": torch}
+    exec(source, ns)
+    return ns
+
+
+def test_values_cross_both_ways_by_value():
+    p = Pair(student("def f(x, t, opts):\n"
+                     "    return {'y': x / t, 'n': len(opts), 'kind': x.dtype, 'shape': x.shape,"
+                     " 'nan': float('nan'), 'big': 10**30, 'set': {1, 2}, 'none': None}"))
+    ns = p.run("x = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)\n"
+               "out = f(x, 2.0, [1, (2, 3), 'a'])")
+    out = ns["out"]
+    assert torch.equal(out["y"], torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) / 2)
+    assert out["kind"] is torch.bfloat16 and out["shape"] == (2, 3) and out["n"] == 3
+    assert out["nan"] != out["nan"] and out["big"] == 10**30 and out["set"] == {1, 2}
+    assert out["none"] is None
+    p.close()
+
+
+def test_an_argument_changed_in_place_comes_back():
+    p = Pair(student("def fill(out, g):\n"
+                     "    out.copy_(torch.rand(out.shape, generator=g))\n"
+                     "def resize(x):\n"
+                     "    x.resize_(7)\n"))
+    ns = p.run("buf = torch.zeros(3)\ng = torch.Generator().manual_seed(0)\nfill(buf, g)\n"
+               "after = torch.rand(1, generator=g)")
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(ns["buf"], torch.rand(3, generator=g))
+    assert torch.equal(ns["after"], torch.rand(1, generator=g)), "the generator did not advance"
+    with pytest.raises(ValueError, match="changed the shape or dtype"):
+        p.run("resize(torch.zeros(2))")
+    p.close()
+
+
+def test_exceptions_keep_builtin_types_only():
+    p = Pair(student("class Mine(Exception):\n    pass\n"
+                     "def bad(t):\n    if t <= 0:\n        raise ValueError(f'T={t}')\n"
+                     "def odd():\n    raise Mine('nope')\n"))
+    p.run("try:\n    bad(0)\nexcept ValueError as e:\n    msg = str(e)\n")
+    assert p.ns["msg"] == "T=0"
+    with pytest.raises(remote.StudentError, match="Mine: nope"):
+        p.run("odd()")
+    p.close()
+
+
+def test_the_tester_counts_the_calls_of_its_own_model():
+    p = Pair(student("def generate(model, ids, n):\n"
+                     "    for _ in range(n):\n"
+                     "        ids = ids + [int(model(torch.tensor(ids)).argmax())]\n"
+                     "    return ids\n"
+                     "def peek(model):\n    return model.weight\n"
+                     "def escape(model):\n    return model.__globals__\n"))
+    ns = p.run("calls = []\n"
+               "def model(x):\n    calls.append(len(x))\n    return torch.arange(5.0)\n"
+               "out = generate(model, [1, 2], 3)")
+    assert ns["out"] == [1, 2, 4, 4, 4] and ns["calls"] == [2, 3, 4]
+    for name in ("peek", "escape"):      # the student's kernel can only call the model
+        with pytest.raises((remote.StudentError, AttributeError),
+                           match="PermissionError|__globals__"):
+            p.run(f"{name}(model)")
+    p.close()
+
+
+def test_the_testers_model_is_a_stand_in_module_in_the_kernel():
+    """A torch module of the tester's crosses as a module whose forward runs in the tester: the
+    student's code reads its config and its device, and calls it; the weights stay out."""
+    p = Pair(student("def look(model, ids):\n"
+                     "    dev = next(model.parameters()).device\n"
+                     "    logits = model(torch.as_tensor(ids, device=dev), last_only=True)\n"
+                     "    return [model.config.temperature, str(dev), isinstance(model,"
+                     " torch.nn.Module), sum(p.numel() for p in model.parameters()),"
+                     " logits.tolist()]\n"))
+    ns = p.run("from minillm.sampling import SamplingParams\n"
+               "class M(torch.nn.Module):\n"
+               "    def __init__(self):\n"
+               "        super().__init__()\n"
+               "        self.config = SamplingParams(temperature=0.5)\n"
+               "        self.w = torch.nn.Parameter(torch.ones(3))\n"
+               "        self.calls = 0\n"
+               "    def forward(self, ids, last_only=False):\n"
+               "        self.calls += 1\n"
+               "        return self.w * ids.sum() + (100 if last_only else 0)\n"
+               "m = M()\nout = look(m, [1, 2])")
+    assert ns["out"] == [0.5, "cpu", True, 0, [103.0, 103.0, 103.0]]
+    assert ns["m"].calls == 1
+    p.close()
+
+
+def test_the_students_objects_stay_in_its_kernel():
+    p = Pair(student("class Cache:\n"
+                     "    def __init__(self, n):\n        self.k = torch.zeros(n)\n"
+                     "        self.items = []\n"
+                     "    def add(self, v):\n        self.items.append(v)\n"
+                     "        return len(self.items)\n"))
+    ns = p.run("c = Cache(4)\nn = c.add(3)\nn = c.add(5)\nk = c.k\nitems = c.items\n"
+               "size = len(c.items)\nr = repr(c)")
+    assert ns["n"] == 2 and ns["items"] == [3, 5] and ns["size"] == 2
+    assert torch.equal(ns["k"], torch.zeros(4)) and "Cache object" in ns["r"]
+    p.close()
+
+
+def test_only_the_solution_names_are_read_from_the_kernel():
+    p = Pair(student("def f(x):\n    return x\nhelper = 3\n"))
+    p.ns.student_names = frozenset({"f"})
+    assert p.run("y = f(2)")["y"] == 2
+    with pytest.raises(NameError):
+        p.run("helper")
+    p.run("z = len([1, 2])")             # a builtin is never looked up in the kernel
+    assert p.ns["z"] == 2
+    p.close()
+
+
+def test_the_reference_guard_is_switched_on_in_the_kernel():
+    """`reference_disabled` in the tester disables the reference for the student's calls."""
+    p = Pair(student("import minillm.sampling\n"
+                     "def t(x, temp):\n"
+                     "    return minillm.sampling.apply_temperature(x, temp)\n"))
+    from autograder import tester
+    tester._forward_reference_guard(p.ns)
+    try:
+        import autograder
+        p.ns["ag"] = autograder
+        assert torch.equal(p.run("y = t(torch.ones(2), 2.0)")["y"], torch.full((2,), 0.5))
+        with pytest.raises(AssertionError, match="disabled during grading"):
+            p.run("with ag.reference_disabled('minillm.sampling.apply_temperature'):\n"
+                  "    t(torch.ones(2), 2.0)")
+    finally:
+        import importlib
+
+        import autograder
+        importlib.reload(autograder)
+    p.close()
+
+
+def test_the_plan_reads_only_what_the_unlocked_cells_bind():
+    """tester_plan: the names of the solution and free cells, never their imports or a locked
+    cell's names; a notebook without the metadata runs its tests in the kernel."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from autograder.jobs import tester_plan
+
+    def cell(src, **role):
+        return new_code_cell(src, metadata={"nbgrader": role} if role else {})
+    nb = new_notebook(cells=[
+        cell("import torch\nmodel = 1", locked=True, grade_id="s"),
+        cell("import numpy as np\nfrom math import sqrt\ndef scale(x):\n    return x",
+             solution=True, grade_id="a"),
+        cell("measured = scale(2)\nfor i in range(3):\n    pass")])
+    assert tester_plan(nb) is None
+    nb.metadata["autograder"] = {"tests": "tester"}
+    assert tester_plan(nb) == {"names": ["i", "measured", "scale"]}
+
+
+@pytest.mark.parametrize("message", [
+    {"ok": {"t": ["float32", [1000], 0, "cpu", 0]}},           # 4 bytes for 1000 floats
+    {"ok": {"t": ["object", [1], 0, "cpu", 0]}},               # no such dtype
+    {"ok": {"zz": 1}},                                          # no such tag
+    {"ok": {"L": [{"L": []}] * 3, "x": 1}},                     # two keys
+    {"err": ["ValueError", "x" * 100_000]},                     # a long message is cut
+])
+def test_a_forged_reply_is_refused_or_bounded(message):
+    a, b = socket.socketpair()
+    ep = remote.Endpoint(a, share_handles=False)
+
+    def answer():
+        remote._recv(b)
+        remote._send(b, message, [b"\0\0\0\0"])
+
+    th = threading.Thread(target=answer)
+    th.start()
+    with pytest.raises((remote.ProtocolError, ValueError)) as info:
+        ep.request("lookup", None, "f")
+    th.join()
+    assert len(str(info.value)) <= remote.MAX_TEXT
+
+
+def test_a_reply_that_is_not_json_or_too_big_is_refused():
+    a, b = socket.socketpair()
+    ep = remote.Endpoint(a, share_handles=False)
+    b.sendall(remote._HEADER.pack(5, 0) + b"{oops")
+    with pytest.raises(remote.ProtocolError, match="not JSON"):
+        remote._recv(a)
+    b.sendall(remote._HEADER.pack(remote.MAX_MESSAGE + 1, 0))
+    with pytest.raises(remote.ProtocolError, match="size limit"):
+        remote._recv(a)
+    b.sendall(remote._HEADER.pack(10, 0) + b'{"ok": 1' + b"9" * 2 + b"")
+    b.sendall(b"")
+    del ep
+
+
+def test_the_tester_process_runs_setup_and_tests_against_a_serving_kernel(tmp_path):
+    """The tester as the job process runs it: JSON lines on stdin / stdout, the student's end
+    connecting to its socket."""
+    sock = str(tmp_path / "t.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "autograder.tester", sock], cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def ask(cmd):
+        proc.stdin.write(json.dumps(cmd) + "\n")
+        proc.stdin.flush()
+        return json.loads(proc.stdout.readline())
+
+    try:
+        assert ask({"op": "setup", "grade_id": "s", "source": "import torch\nW = 3"})["ok"]
+        for body, ok in [("def scale(x, t):\n    return x / t\n", True),
+                         ("def scale(x, t):\n    return x * t\n", False)]:
+            ns = student(body)
+            while not os.path.exists(sock):
+                pass
+            cmd = {"op": "test", "grade_id": "t", "names": ["scale"], "timeout": 60,
+                   "source": "y = scale(torch.ones(2) * W, 2.0)\nprint('got', y.tolist())\n"
+                             "assert torch.equal(y, torch.full((2,), 1.5)), 'wrong'"}
+            proc.stdin.write(json.dumps(cmd) + "\n")
+            proc.stdin.flush()
+            remote.serve(sock, ns)
+            reply = json.loads(proc.stdout.readline())
+            assert reply["ok"] is ok, reply
+            assert reply["stdout"].startswith("got ")
+            if not ok:
+                assert (reply["ename"], reply["evalue"]) == ("AssertionError", "wrong")
+        # the visible part failed: the kernel never connects, the job process says abort
+        proc.stdin.write(json.dumps({"op": "test", "source": "1", "names": [],
+                                     "timeout": 60}) + "\n" + json.dumps({"op": "abort"}) + "\n")
+        proc.stdin.flush()
+        reply = json.loads(proc.stdout.readline())
+        assert not reply["ok"] and reply["ename"] == "NotRun"
+        proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+        proc.stdin.flush()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
