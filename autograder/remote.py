@@ -12,9 +12,9 @@ What crosses, both ways, and how:
   torch tensors (CPU bytes, any dtype, shape checked against the bytes), torch dtypes and
   devices, torch Generators (their state). Nothing is ever unpickled: a message is JSON plus raw
   byte blobs, capped at MAX_MESSAGE bytes, nested at most MAX_DEPTH deep;
-* in place: a tensor or Generator passed as an argument comes back when the call changed it, and
-  the caller copies it into its own object (a kernel that fills an output buffer, a sampler
-  that advances its generator);
+* in place: a list, dict, tensor or Generator passed as an argument comes back when the call
+  changed it, and the caller copies it into its own object (a kernel that fills an output
+  buffer, a sampler that advances its generator, a function that edits the list it is given);
 * by handle: any other object of the student's kernel (a class, an instance, a function it
   returns) stays there; the tester gets a `Remote` that forwards calls, attribute and item
   reads, len, iter, repr, bool;
@@ -35,6 +35,10 @@ import math
 import numbers
 import socket
 import struct
+
+# The guard the student's side enters around a call (`autograder.reference_disabled` there),
+# taken at import: the tester replaces its own copy by one that forwards here (tester.py).
+from .checks import ReferenceGuard as _KernelGuard
 
 __all__ = ["Endpoint", "Remote", "Exposed", "expose", "StudentError", "ProtocolError",
            "Disconnected", "MAX_MESSAGE", "serve"]
@@ -95,7 +99,7 @@ class _Codec:
     def __init__(self, endpoint: Endpoint):
         self.ep = endpoint
         self.blobs: list[bytes] = []
-        self.tensors: list = []          # tensors and generators, in order, for copy-back
+        self.mutables: list = []         # lists, dicts, tensors, generators: for copy-back
         self.count = 0
 
     # encoding
@@ -114,6 +118,8 @@ class _Codec:
             v = float(v)
             return {"f": repr(v)} if v != v or v in (math.inf, -math.inf) else v
         t = type(v)
+        if t in (list, dict):                    # registered before their items, as dec does
+            self.mutables.append(v)
         if t in (list, tuple, set, frozenset):
             tag = {list: "L", tuple: "T", set: "S", frozenset: "S"}[t]
             return {tag: [self.enc(x, depth + 1) for x in v]}
@@ -124,11 +130,11 @@ class _Codec:
             return {"b": len(self.blobs) - 1}
         if isinstance(v, torch.Tensor) and type(v) in (torch.Tensor, torch.nn.Parameter):
             c = _cpu_copy(v)
-            self.tensors.append(v)
+            self.mutables.append(v)
             self.blobs.append(c.reshape(-1).view(torch.uint8).numpy().tobytes()
                               if c.numel() else b"")
             return {"t": [str(c.dtype).removeprefix("torch."), list(c.shape),
-                          len(self.blobs) - 1, str(v.device), len(self.tensors) - 1]}
+                          len(self.blobs) - 1, str(v.device), len(self.mutables) - 1]}
         if isinstance(v, torch.dtype):
             return {"dt": str(v).removeprefix("torch.")}
         if isinstance(v, torch.device):
@@ -136,9 +142,9 @@ class _Codec:
         if isinstance(v, torch.Size):
             return {"T": [self.enc(x, depth + 1) for x in v]}
         if isinstance(v, torch.Generator):
-            self.tensors.append(v)
+            self.mutables.append(v)
             self.blobs.append(v.get_state().numpy().tobytes())
-            return {"g": [str(v.device), len(self.blobs) - 1, len(self.tensors) - 1]}
+            return {"g": [str(v.device), len(self.blobs) - 1, len(self.mutables) - 1]}
         if isinstance(v, Remote) and v._ep is self.ep:
             return {"yours": v._id}
         if isinstance(v, Exposed):
@@ -172,11 +178,21 @@ class _Codec:
         if not isinstance(d, dict) or len(d) != 1:
             raise ProtocolError(f"not a value: {str(d)[:80]}")
         (tag, x), = d.items()
-        if tag in ("L", "T", "S"):
+        if tag == "L":
+            out: list = []
+            self.mutables.append(out)
+            out.extend(self.dec(i, depth + 1) for i in _list(x))
+            return out
+        if tag in ("T", "S"):
             items = [self.dec(i, depth + 1) for i in _list(x)]
-            return {"L": list, "T": tuple, "S": set}[tag](items)
+            return {"T": tuple, "S": set}[tag](items)
         if tag == "D":
-            return {self.dec(k, depth + 1): self.dec(v, depth + 1) for k, v in _pairs(x)}
+            d: dict = {}
+            self.mutables.append(d)
+            for k, v in _pairs(x):
+                key = self.dec(k, depth + 1)
+                d[key] = self.dec(v, depth + 1)
+            return d
         if tag == "f":
             if x not in ("nan", "inf", "-inf"):
                 raise ProtocolError(f"not a float: {str(x)[:40]}")
@@ -200,7 +216,7 @@ class _Codec:
                  .clone() if numel else torch.empty(shape, dtype=dtype))   # own, resizable
             if self.ep.keep_devices and str(device) != "cpu" and torch.cuda.is_available():
                 t = t.to(device)
-            self.tensors.append(t)
+            self.mutables.append(t)
             return t
         if tag == "dt":
             dtype = _dtypes().get(x)
@@ -213,7 +229,7 @@ class _Codec:
             device, blob, _slot = _list(x, 3)
             g = torch.Generator(device=device if self.ep.keep_devices else "cpu")
             g.set_state(torch.frombuffer(bytearray(self._blob(blob)), dtype=torch.uint8).clone())
-            self.tensors.append(g)
+            self.mutables.append(g)
             return g
         if tag == "h":
             return Remote(self.ep, _int(x))
@@ -360,9 +376,9 @@ class Endpoint:
         value = reply.dec(message.get("ok"))
         if sent is not None:                     # the arguments the call changed in place
             for slot, d in _pairs(message.get("changed", [])):
-                if not (type(slot) is int and 0 <= slot < len(sent.tensors)):
+                if not (type(slot) is int and 0 <= slot < len(sent.mutables)):
                     raise ProtocolError("a changed argument out of range")
-                _copy_into(sent.tensors[slot], reply.dec(d))
+                _copy_into(sent.mutables[slot], reply.dec(d))
         return value
 
     def serve(self) -> None:
@@ -380,14 +396,14 @@ class Endpoint:
         out = _Codec(self)
         try:
             args = [codec.dec(a) for a in _list(message.get("args", []))]
-            before = [_snapshot(t) for t in codec.tensors] if op == "call" else None
+            before = [self._snapshot(m) for m in codec.mutables] if op == "call" else None
             target = message.get("target")
             value = self._do(op, None if target is None else _int(target), args,
                              [str(n) for n in _list(message.get("disabled", []))])
             reply = {"ok": out.enc(value)}
             if before is not None:
-                changed = [[i, out.enc(t)] for i, t in enumerate(codec.tensors)
-                           if _snapshot(t) != before[i]]
+                changed = [[i, out.enc(m)] for i, m in enumerate(codec.mutables)
+                           if self._snapshot(m) != before[i]]
                 if changed:
                     reply["changed"] = changed
         except (KeyboardInterrupt, SystemExit, Disconnected):
@@ -396,6 +412,13 @@ class Endpoint:
             out = _Codec(self)
             reply = {"err": [type(e).__name__, _describe(e)]}
         _send(self.sock, reply, out.blobs)
+
+    def _snapshot(self, m) -> bytes:
+        """What an argument holds, to tell whether the call changed it."""
+        if type(m) in (list, dict):
+            c = _Codec(self)
+            return json.dumps(c.enc(m)).encode() + b"".join(c.blobs)
+        return _snapshot(m)
 
     def _do(self, op: str, h: int | None, args: list, disabled: list[str]):
         if op == "done":
@@ -418,8 +441,7 @@ class Endpoint:
                 with torch.no_grad():
                     return fn(*a, **kw)
             if disabled:
-                from autograder.checks import reference_disabled
-                with reference_disabled(*disabled):
+                with _KernelGuard(*disabled):
                     return fn(*a, **kw)
             return fn(*a, **kw)
         if h in self.call_only:
@@ -502,6 +524,15 @@ def _snapshot(t) -> bytes:
 
 def _copy_into(dest, new) -> None:
     import torch
+    if type(dest) in (list, dict):
+        if type(new) is not type(dest):
+            raise ProtocolError("a changed argument came back as something else")
+        if type(dest) is list:
+            dest[:] = new
+        else:
+            dest.clear()
+            dest.update(new)
+        return
     if isinstance(dest, torch.Generator):
         if not isinstance(new, torch.Generator):
             raise ProtocolError("a generator came back as something else")

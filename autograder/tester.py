@@ -228,26 +228,43 @@ def _text(e: BaseException) -> str:
 
 
 def _forward_reference_guard(ns: Namespace) -> None:
-    """In the tester, `autograder.reference_disabled(...)` switches the references off in the
-    student's kernel, for the calls the block makes there; the tester's own use of the course's
-    code (the expected values) is untouched."""
+    """In the tester, `autograder.reference_disabled(...)` and `ReferenceGuard` (the speed
+    checks' guard) switch the references off in the student's kernel, for the calls the block
+    makes there; the tester's own use of the course's code (the expected values, a speed
+    check's baseline) is untouched."""
     import autograder
-    autograder.bind()           # every helper bound now: nothing rebinds the name later
+    from autograder import checks
+    autograder.bind()           # every helper bound now: nothing rebinds the names later
+
+    class ForwardingGuard:
+        def __init__(self, *names: str):
+            self.names = [str(n) for n in names]
+            self.marks: list = []
+
+        def __enter__(self):
+            ep = ns.endpoint
+            self.marks.append((ep, len(ep.disabled) if ep is not None else 0))
+            if ep is not None:
+                ep.disabled.extend(self.names)
+            return self
+
+        def __exit__(self, *exc) -> bool:
+            ep, mark = self.marks.pop()
+            if ep is not None:
+                del ep.disabled[mark:]
+            return False
 
     @contextlib.contextmanager
     def reference_disabled(*names):
-        ep = ns.endpoint
-        if ep is None:
+        with ForwardingGuard(*names):
             yield
-            return
-        before = list(ep.disabled)
-        ep.disabled.extend(str(n) for n in names)
-        try:
-            yield
-        finally:
-            ep.disabled[:] = before
 
-    autograder.reference_disabled = reference_disabled
+    checks.ReferenceGuard = ForwardingGuard
+    checks.reference_disabled = autograder.reference_disabled = reference_disabled
+    for name, module in list(sys.modules.items()):      # any that took a copy already
+        if name.startswith("autograder.") and getattr(module, "ReferenceGuard", None) is \
+                not ForwardingGuard and hasattr(module, "ReferenceGuard"):
+            module.ReferenceGuard = ForwardingGuard
 
 
 def main(argv: list[str]) -> int:

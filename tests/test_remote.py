@@ -71,12 +71,19 @@ def test_values_cross_both_ways_by_value():
 
 
 def test_an_argument_changed_in_place_comes_back():
-    p = Pair(student("def fill(out, g):\n"
+    p = Pair(student("def fill(out, g, log, seen):\n"
                      "    out.copy_(torch.rand(out.shape, generator=g))\n"
+                     "    log.append(len(log))\n"
+                     "    seen['filled'] = True\n"
                      "def resize(x):\n"
-                     "    x.resize_(7)\n"))
-    ns = p.run("buf = torch.zeros(3)\ng = torch.Generator().manual_seed(0)\nfill(buf, g)\n"
-               "after = torch.rand(1, generator=g)")
+                     "    x.resize_(7)\n"
+                     "def keep(ids):\n"
+                     "    return len(ids)\n"))
+    ns = p.run("buf = torch.zeros(3)\ng = torch.Generator().manual_seed(0)\n"
+               "log, seen, ids = [7], {}, [1, 2]\nfill(buf, g, log, seen)\n"
+               "after = torch.rand(1, generator=g)\nn = keep(ids)")
+    assert ns["log"] == [7, 1] and ns["seen"] == {"filled": True}
+    assert ns["ids"] == [1, 2] and ns["n"] == 2
     g = torch.Generator().manual_seed(0)
     assert torch.equal(ns["buf"], torch.rand(3, generator=g))
     assert torch.equal(ns["after"], torch.rand(1, generator=g)), "the generator did not advance"
@@ -177,10 +184,19 @@ def test_the_reference_guard_is_switched_on_in_the_kernel():
         with pytest.raises(AssertionError, match="disabled during grading"):
             p.run("with ag.reference_disabled('minillm.sampling.apply_temperature'):\n"
                   "    t(torch.ones(2), 2.0)")
+        # the speed checks' guard, made once and entered around each call, forwards too
+        from autograder import checks
+        p.ns["guard"] = checks.ReferenceGuard("minillm.sampling.apply_temperature")
+        for _ in range(2):
+            with pytest.raises(AssertionError, match="disabled during grading"):
+                p.run("with guard:\n    t(torch.ones(2), 2.0)")
+        assert torch.equal(p.run("y = t(torch.ones(2), 4.0)")["y"], torch.full((2,), 0.25))
     finally:
         import importlib
 
         import autograder
+        import autograder.checks
+        importlib.reload(autograder.checks)
         importlib.reload(autograder)
     p.close()
 
