@@ -1,22 +1,24 @@
-"""The tester: a process of the grader's that runs a lab's hidden tests, apart from the student's
-kernel (autograder/remote.py says why and what crosses).
+"""The tester: a process of the grader's that runs a lab's test cells (visible and hidden
+parts), apart from the student's kernel (autograder/remote.py says why and what crosses).
 
 The job process (autograder/jobs.py) starts it with `python -m autograder.tester SOCKET` beside
 the student's kernel and talks to it in JSON lines on its stdin / stdout:
 
     {"op": "setup", "grade_id": ..., "source": ...}   a locked setup cell of the lab, run here too
                                                       (imports, the model, the lab's helpers)
-    {"op": "test", "grade_id": ..., "source": ...,    a hidden test: wait for the student's kernel
-     "names": [...], "timeout": seconds}              to connect to SOCKET, run the test, tell the
+    {"op": "test", "seq": n, "grade_id": ...,         a test cell: wait for the student's kernel
+     "source": ..., "names": [...]}                   to connect to SOCKET, run the cell, tell the
                                                       kernel it is done
-    {"op": "abort"}                                   (while waiting) the kernel will not connect
+    {"op": "abort", "seq": n}                         (while test n waits) the kernel will not
+                                                      connect; ignored once it has
     {"op": "quit"}
 
-and answers each with {"ok": bool, "ename": ..., "evalue": ..., "stdout": ...}. A test reads the
-student's definitions by name, only the `names` the lab's solution cells bind: anything else it
-does not define itself is a NameError, so a student cannot hand the tester a helper of its own.
-The tester never runs the student's code, never unpickles what the kernel sends, and gives the
-kernel nothing but call-only handles to the objects a test passes it (remote.expose).
+and answers each setup and test with {"ok": bool, "ename": ..., "evalue": ..., "stdout": ...}.
+A test reads the student's definitions by name, only the `names` the lab's unlocked cells bind
+(imports excluded): anything else it does not define itself is a NameError, so a student cannot
+hand the tester a helper or a module of its own. The tester never runs the student's code,
+never unpickles what the kernel sends, and gives the kernel nothing but call-only handles to the
+objects a test passes it (the model as a stand-in module, functions; remote.py).
 """
 from __future__ import annotations
 
@@ -86,14 +88,14 @@ class Tester:
         return result
 
     def test(self, cmd: dict, commands) -> dict:
-        """Wait for the kernel (or an abort on stdin), then run the hidden test against it."""
+        """Wait for the kernel (or an abort on stdin), then run the test against it."""
         deadline = time.monotonic() + float(cmd.get("timeout", 600))
         conn = None
         while conn is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 return {"ok": False, "ename": "KernelStopped", "stdout": "",
-                        "evalue": "your kernel did not reach the hidden tests in time"}
+                        "evalue": "your kernel did not start answering this test in time"}
             if commands.has_line():
                 ready = [commands]
             else:
@@ -102,12 +104,12 @@ class Tester:
                 line = commands.readline()
                 if not line:
                     return {"ok": False, "ename": "NotRun", "stdout": "",
-                            "evalue": "the grader stopped before the hidden tests ran"}
+                            "evalue": "the grader stopped before this test ran"}
                 other = json.loads(line)
                 if other.get("op") == "abort" and other.get("seq") == cmd.get("seq"):
                     return {"ok": False, "ename": "NotRun", "stdout": "",
-                            "evalue": "the hidden tests did not run: the visible part of this "
-                                      "cell failed"}
+                            "evalue": "this test did not run: your kernel never started "
+                                      "answering it"}
             if self.listener in ready:
                 conn, _ = self.listener.accept()
         conn.settimeout(max(1.0, deadline - time.monotonic()))
