@@ -94,11 +94,8 @@ def _sanitize(course, student: str, lab: str, name: str, path: Path):
 
 
 def tester_plan(source_nb) -> dict | None:
-    """How the tests of a lab whose source notebook's metadata says
-    {"autograder": {"tests": "tester"}} run: in the tester, a process apart from the student's
-    kernel (autograder/tester.py), which reads from the kernel only the names the lab's
-    unlocked cells bind (the student's solutions, and the free cells' results). None for any
-    other lab (its tests run in the kernel)."""
+    """For a lab whose tests run in the tester (autograder/tester.py; `uses_tester`): the names
+    they may read from the kernel, those the unlocked cells bind. None: tests in the kernel."""
     from .seal import bound_names, imported_names
     if not uses_tester(source_nb):
         return None
@@ -109,14 +106,12 @@ def tester_plan(source_nb) -> dict | None:
     return {"names": sorted(names)}
 
 
-def uses_tester(source_nb) -> bool:
-    """Does this (instructor's) notebook run its tests in the tester?"""
+def uses_tester(source_nb) -> bool:      # the instructor's notebook, never a submission
     return source_nb.metadata.get("autograder", {}).get("tests") == "tester"
 
 
 def _plan_tester(job: dict, course, lab: str, name: str, source_nb) -> None:
-    """Add notebook `name`'s tester plan to the job, with the lab's released assets for the
-    tester's own folder (never the kernel's, which the student's code can write)."""
+    """Notebook `name`'s tester plan, and the assets for the tester's own folder."""
     plan = tester_plan(source_nb)
     if plan is not None:
         job.setdefault("tester", {})[name] = plan
@@ -346,13 +341,10 @@ def _sandbox_spec(work: Path, runtime: Path, cache_env: dict):
                                if COMPILE_CACHE_ENV in cache_env else [])
 
 
-def _seal(nb, tester: dict | None = None, socket_path: str = "") -> tuple[dict, dict, dict,
-                                                                          dict]:
+def _seal(nb, tester: dict | None = None, socket_path: str = "") -> tuple:
     """Replace each locked code cell by its stub. Returns (stub -> key, key -> cell info for
-    the kernel, key -> original source, stub -> the tester's command). With a `tester` plan
-    (tester_plan), each setup cell also runs in the tester, and each test cell runs there
-    alone: the kernel, meanwhile, only answers the tester's calls (autograder/remote.py) until
-    the test is done, and never holds the test's text."""
+    the kernel, key -> original source, stub -> the tester's command). With a `tester` plan,
+    setup cells run in the tester too, test cells there alone (the kernel's stub serves it)."""
     from .seal import stub, to_python
     stubs, table, original, commands = {}, {}, {}, {}
     for cell in nb.cells:
@@ -423,8 +415,7 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
                                         for e in errors[:1]]
         elif rec.get("ok") and info.get("in_tester"):   # the kernel answered the tester
             from nbformat.v4 import new_output
-            answer = answer or {"ok": False, "ename": "NotRun",
-                                "evalue": "the tester gave no answer for this test"}
+            answer = answer or {"ok": False, "ename": "NotRun", "evalue": "no tester answer"}
             shown = [new_output("stream", name="stdout", text=answer["stdout"])] \
                 if answer.get("stdout") else []
             cell.outputs = plain + shown + ([] if answer.get("ok") else [
@@ -439,8 +430,8 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
 
 def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log,
                       plan: dict | None = None) -> dict:
-    """Run one sanitized notebook in this process's executor; returns the report. `plan`: its
-    tester plan (tester_plan), if its tests run in the tester."""
+    """Run one sanitized notebook in this process's executor (`plan`: its tester plan, if any);
+    returns the report."""
     from .execute import GuardedExecute
     from .seal import verify
     lim = job["limits"]

@@ -11,7 +11,7 @@ What crosses, both ways, and how:
 * by value: None, bool, int, float, str, bytes, exact lists / tuples / dicts / sets of these,
   torch tensors (CPU bytes, any dtype, shape checked against the bytes), torch dtypes and
   devices, torch Generators (their state). Nothing is ever unpickled: a message is JSON plus raw
-  byte blobs, capped at MAX_MESSAGE bytes, nested at most MAX_DEPTH deep;
+  byte blobs (autograder/wire.py), capped at MAX_MESSAGE bytes, nested at most MAX_DEPTH deep;
 * in place: a list, dict, tensor or Generator passed as an argument comes back when the call
   changed it, and the caller copies it into its own object (a kernel that fills an output
   buffer, a sampler that advances its generator, a function that edits the list it is given);
@@ -34,22 +34,18 @@ import json
 import math
 import numbers
 import socket
-import struct
 
 # The guard the student's side enters around a call (`autograder.reference_disabled` there),
 # taken at import: the tester replaces its own copy by one that forwards here (tester.py).
 from .checks import ReferenceGuard as _KernelGuard
+from .wire import MAX_ITEMS, MAX_MESSAGE, Disconnected, ProtocolError, _recv, _send
 
 __all__ = ["Endpoint", "Remote", "Exposed", "expose", "StudentError", "ProtocolError",
            "Disconnected", "MAX_MESSAGE", "serve"]
 
-MAX_MESSAGE = 256 << 20          # bytes of one message, JSON and blobs together
 MAX_DEPTH = 32                   # nesting of lists / dicts in one value
-MAX_ITEMS = 1_000_000            # values in one message
 MAX_TEXT = 4000                  # characters of an exception message that cross
 DATACLASS_PACKAGES = ("minillm",)   # configs that cross by value, to the student's side only
-_HEADER = struct.Struct(">II")   # JSON length, number of blobs
-_BLOB = struct.Struct(">Q")
 
 # exceptions that keep their type when they cross; anything else becomes StudentError
 BUILTIN_ERRORS = {e.__name__: e for e in (
@@ -58,18 +54,8 @@ BUILTIN_ERRORS = {e.__name__: e for e in (
     StopIteration)}
 
 
-class ProtocolError(Exception):
-    """A message that breaks the protocol: too big, too deep, not JSON, a tensor whose bytes do
-    not match its shape, an unknown tag. The tester treats it as a failed test."""
-
-
 class StudentError(Exception):
     """An exception of a type the tester does not recreate, raised by the student's code."""
-
-
-class Disconnected(ProtocolError):
-    """The other side closed the socket (the student's kernel died, was interrupted, or
-    closed it)."""
 
 
 # --- values -------------------------------------------------------------------------------------
@@ -273,49 +259,6 @@ def _int(x) -> int:
     if type(x) is not int:
         raise ProtocolError("malformed message")
     return x
-
-
-# --- the socket -----------------------------------------------------------------------------------
-def _send(sock: socket.socket, message: dict, blobs: list[bytes]) -> None:
-    text = json.dumps(message, allow_nan=False).encode()
-    size = _HEADER.size + len(text) + sum(_BLOB.size + len(b) for b in blobs)
-    if size > MAX_MESSAGE:
-        raise ProtocolError(f"a message of {size >> 20} MB, over the {MAX_MESSAGE >> 20} MB limit")
-    parts = [_HEADER.pack(len(text), len(blobs)), text]
-    for b in blobs:
-        parts += [_BLOB.pack(len(b)), b]
-    sock.sendall(b"".join(parts))
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise Disconnected("the other side closed the connection")
-        buf += chunk
-    return bytes(buf)
-
-
-def _recv(sock: socket.socket) -> tuple[dict, list[bytes]]:
-    n_text, n_blobs = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if n_text > MAX_MESSAGE or n_blobs > MAX_ITEMS:
-        raise ProtocolError("a message over the size limit")
-    total = n_text
-    try:
-        message = json.loads(_recv_exact(sock, n_text))
-    except ValueError as e:          # not JSON, or an int past Python's digit limit
-        raise ProtocolError(f"a message that is not JSON ({str(e)[:100]})") from None
-    if not isinstance(message, dict):
-        raise ProtocolError("a message that is not an object")
-    blobs = []
-    for _ in range(n_blobs):
-        (size,) = _BLOB.unpack(_recv_exact(sock, _BLOB.size))
-        total += size
-        if total > MAX_MESSAGE:
-            raise ProtocolError(f"a message over the {MAX_MESSAGE >> 20} MB limit")
-        blobs.append(_recv_exact(sock, size))
-    return message, blobs
 
 
 # --- the two ends ---------------------------------------------------------------------------------

@@ -47,7 +47,6 @@ JUDGED_BY_VALUES = {"01_roofline": {"01_gqa_test"},         # either side of a f
                     "06_continuous_batching": {"06_speed_test"},
                     "07_paged_attention": {"07_speed_test"},
                     "08_pruning_distillation": set(),
-                    "09_beyond_attention": set(),
                     DUMMY: {"99_asset_test"}}
 # Labs whose tests run in the tester, apart from the student's kernel (autograder/tester.py):
 # their verdicts are the tester's, so the grader makes no reference run for them.

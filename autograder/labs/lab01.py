@@ -10,8 +10,9 @@ interleaved in one process, on one torch thread:
     time(B requests one at a time: B matrix-vector products) / time(serve_batched(requests, W))
 
 Both sides do the same 2*B*D*F FLOPs, with B = 64 and D = F = 2048 (a 16 MB fp32 weight, far
-larger than a core's L2 cache). Why 2.5: it sits in the wide gap between the one-matmul
-reference and a "batched" function that still loops over the requests (ranges:
+larger than a core's L2 cache). Why 1.8: it sits in the gap between the one-matmul reference
+and a "batched" function that still loops over the requests, on the AVX-512 core where the
+reference gains least (2.2-3.0) as on the older one where it gains most (about 9; ranges:
 autograder/README.md).
 
     from autograder.labs import lab01
@@ -29,7 +30,7 @@ from autograder.timing import time_ratio
 
 BATCH = 64          # requests served by one step
 DIM = 2048          # D = F: a 16 MB fp32 weight, far larger than the L2 cache of any CPU core
-THRESHOLD = 2.5     # required time(one at a time) / time(batched)
+THRESHOLD = 1.8     # required time(one at a time) / time(batched)
 WARMUP, REPEATS = 1, 5
 
 # captured at import (the grader imports autograder before student code runs)

@@ -1,0 +1,67 @@
+"""The frames of autograder/remote.py's protocol on a socket: one message is a JSON object and
+raw byte blobs (tensor data), each length-prefixed, read with hard limits before anything is
+decoded. Nothing here ever unpickles or evaluates what it reads."""
+from __future__ import annotations
+
+import json
+import socket
+import struct
+
+__all__ = ["ProtocolError", "Disconnected", "MAX_MESSAGE", "MAX_ITEMS"]
+
+MAX_MESSAGE = 256 << 20          # bytes of one message, JSON and blobs together
+MAX_ITEMS = 1_000_000            # values (or blobs) in one message
+_HEADER = struct.Struct(">II")   # JSON length, number of blobs
+_BLOB = struct.Struct(">Q")
+
+
+class ProtocolError(Exception):
+    """A message that breaks the protocol: too big, too deep, not JSON, a tensor whose bytes do
+    not match its shape, an unknown tag. The tester treats it as a failed test."""
+
+
+class Disconnected(ProtocolError):
+    """The other side closed the socket (the student's kernel died, was interrupted, or
+    closed it)."""
+
+
+def _send(sock: socket.socket, message: dict, blobs: list[bytes]) -> None:
+    text = json.dumps(message, allow_nan=False).encode()
+    size = _HEADER.size + len(text) + sum(_BLOB.size + len(b) for b in blobs)
+    if size > MAX_MESSAGE:
+        raise ProtocolError(f"a message of {size >> 20} MB, over the {MAX_MESSAGE >> 20} MB limit")
+    parts = [_HEADER.pack(len(text), len(blobs)), text]
+    for b in blobs:
+        parts += [_BLOB.pack(len(b)), b]
+    sock.sendall(b"".join(parts))
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise Disconnected("the other side closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(sock: socket.socket) -> tuple[dict, list[bytes]]:
+    n_text, n_blobs = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if n_text > MAX_MESSAGE or n_blobs > MAX_ITEMS:
+        raise ProtocolError("a message over the size limit")
+    total = n_text
+    try:
+        message = json.loads(_recv_exact(sock, n_text))
+    except ValueError as e:          # not JSON, or an int past Python's digit limit
+        raise ProtocolError(f"a message that is not JSON ({str(e)[:100]})") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("a message that is not an object")
+    blobs = []
+    for _ in range(n_blobs):
+        (size,) = _BLOB.unpack(_recv_exact(sock, _BLOB.size))
+        total += size
+        if total > MAX_MESSAGE:
+            raise ProtocolError(f"a message over the {MAX_MESSAGE >> 20} MB limit")
+        blobs.append(_recv_exact(sock, size))
+    return message, blobs
