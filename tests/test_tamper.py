@@ -42,7 +42,8 @@ Wall time: the batch (32 submissions: each costs a job process, a sandboxed kern
 `nbgrader autograde`; and one reference run of the dummy lab) took 155 s on 2 busy cores when it
 held 30 (the run fixture's setup in `pytest --durations`, 2026-11-27, beside the other grading
 tests); `pytest tests/test_tamper.py` alone, 32 submissions, took 272 s on a slower 2-core
-machine. `TAMPER_ONLY=name,name` grades only those attacks (plus the honest submission), for
+machine. With 35 (2026-11-28, `make test` on a 2-core AVX-512 EPYC): 175 s, and 253 s for the
+tester-mode batch of tests/test_tamper_tester.py. `TAMPER_ONLY=name,name` grades only those attacks (plus the honest submission), for
 working on one attack. tests/test_tamper_tester.py grades the same batch again with the dummy
 lab's tests in the tester (autograder/tester.py); `Attack.tamper_tester` and `known_open` say
 where an attack's expectation differs there.
