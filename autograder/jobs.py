@@ -45,7 +45,6 @@ JOB_MARGIN_S = 120                  # kernel start-up and shut-down around the n
 SEAL_FILE = ".autograder_sealed.json"
 COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"   # where Inductor keeps its compiled code
 TESTER_SOCKET = "tester.sock"       # in the kernel's runtime folder (autograder/tester.py)
-TESTER_ANSWER_S = 60                # a test's answer, once the kernel's cell has ended
 
 
 class JobError(Exception):
@@ -463,7 +462,7 @@ def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log,
     ex = GuardedExecute(timeout=lim["cell_timeout"], notebook_timeout=lim["notebook_timeout"],
                         startup_timeout=120, interrupt_on_timeout=True, allow_errors=True,
                         seal=stubs, kernel_name="python3", tester=tester,
-                        tester_cells=commands, tester_answer_s=TESTER_ANSWER_S,
+                        tester_cells=commands,
                         setup_code=f"import autograder.sealed as _s\n_s.install({str(seal_path)!r})"
                                    f"\ndel _s", **kw)
     resources = {"metadata": {"path": str(work)}}

@@ -120,7 +120,7 @@ class _Codec:
             self.blobs.append(c.reshape(-1).view(torch.uint8).numpy().tobytes()
                               if c.numel() else b"")
             return {"t": [str(c.dtype).removeprefix("torch."), list(c.shape),
-                          len(self.blobs) - 1, str(v.device), len(self.mutables) - 1]}
+                          len(self.blobs) - 1, str(v.device)]}
         if isinstance(v, torch.dtype):
             return {"dt": str(v).removeprefix("torch.")}
         if isinstance(v, torch.device):
@@ -130,7 +130,7 @@ class _Codec:
         if isinstance(v, torch.Generator):
             self.mutables.append(v)
             self.blobs.append(v.get_state().numpy().tobytes())
-            return {"g": [str(v.device), len(self.blobs) - 1, len(self.mutables) - 1]}
+            return {"g": [str(v.device), len(self.blobs) - 1]}
         if isinstance(v, Remote) and v._ep is self.ep:
             return {"yours": v._id}
         if isinstance(v, Exposed):
@@ -186,7 +186,7 @@ class _Codec:
         if tag == "b":
             return bytes(self._blob(x))
         if tag == "t":
-            dtype_name, shape, blob, device, _slot = _list(x, 5)
+            dtype_name, shape, blob, device = _list(x, 4)
             dtype = _dtypes().get(dtype_name)
             if dtype is None or not all(type(s) is int and s >= 0 for s in _list(shape)):
                 raise ProtocolError(f"not a tensor: {dtype_name} {str(shape)[:80]}")
@@ -212,7 +212,7 @@ class _Codec:
         if tag == "dev":
             return torch.device(str(x)[:40])
         if tag == "g":
-            device, blob, _slot = _list(x, 3)
+            device, blob = _list(x, 2)
             g = torch.Generator(device=device if self.ep.keep_devices else "cpu")
             g.set_state(torch.frombuffer(bytearray(self._blob(blob)), dtype=torch.uint8).clone())
             self.mutables.append(g)

@@ -218,8 +218,8 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
 
 
 @pytest.mark.parametrize("message", [
-    {"ok": {"t": ["float32", [1000], 0, "cpu", 0]}},           # 4 bytes for 1000 floats
-    {"ok": {"t": ["object", [1], 0, "cpu", 0]}},               # no such dtype
+    {"ok": {"t": ["float32", [1000], 0, "cpu"]}},              # 4 bytes for 1000 floats
+    {"ok": {"t": ["object", [1], 0, "cpu"]}},                  # no such dtype
     {"ok": {"zz": 1}},                                          # no such tag
     {"ok": {"L": [{"L": []}] * 3, "x": 1}},                     # two keys
     {"err": ["ValueError", "x" * 100_000]},                     # a long message is cut
