@@ -22,6 +22,10 @@ submissions:
   Python converts, which a kernel can send after `sys.set_int_max_str_digits(0)`) is treated like
   one that died: `KernelUnreadable` on the running cell and every later one, instead of an
   exception that ended the job and lost the cells that had passed;
+* before the first cell, the kernel's output channel is told to wait for a slow grader
+  instead of dropping messages (autograder/kernel_output.py), and the kernel waits up to
+  `iopub_timeout` (30 s, not nbclient's 4) after a cell for the rest of that cell's output;
+  output still missing then is named as such (`OutputLate`), not as an unresponsive kernel;
 * before the first cell, the kernel runs `setup_code`: by default `autograder.bind()`, which
   binds the clock and the helpers the test cells use before any student code can patch them;
   for a sealed run (`seal`, see autograder/sealed.py) it installs the sealed-cell hook, and
@@ -51,6 +55,8 @@ from nbgrader.preprocessors import Execute
 from traitlets import Any, Dict, Integer, Unicode
 
 REPORT_EXPRESSION = "__import__('autograder.sealed').sealed.report()"
+NO_DROP_CODE = "import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko"
+IOPUB_TIMEOUT_MESSAGE = "Timeout waiting for IOPub output"     # nbclient's, raised on a late one
 
 
 class UnreadableMessage(ValueError):
@@ -95,6 +101,9 @@ class GuardedExecute(Execute):
     tester_answer_s = Integer(60, help="seconds to wait for a test's answer from the tester "
                                        "after the kernel's cell has ended")
     tester_answers = Dict({}, help="stub source -> the tester's answer (set by the run)")
+    iopub_timeout = Integer(
+        30, help="Seconds to wait, after a cell's reply, for the rest of its output (nbclient's "
+                 "default of 4 loses output a busy grader has not read yet)").tag(config=True)
 
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
@@ -136,11 +145,12 @@ class GuardedExecute(Execute):
         if not self.setup_code.strip():
             return
         cell_timeout = self.timeout
+        code = f"{NO_DROP_CODE}\n{self.setup_code}"
         try:
             # imports torch and the course on a possibly busy machine: the kernel's start-up
             # allowance, not one cell's
             self.timeout = max(cell_timeout or 0, self.startup_timeout or 0) or None
-            msg_id = self.kc.execute(self.setup_code, silent=True, store_history=False)
+            msg_id = self.kc.execute(code, silent=True, store_history=False)
             reply = self.wait_for_reply(msg_id)
             if reply is None or reply["content"].get("status") != "ok":
                 content = (reply or {}).get("content", {})
@@ -207,6 +217,10 @@ class GuardedExecute(Execute):
                 key, ename, why = "kernel_died", "KernelDied", (
                     "the kernel died while running cell {i} (a crash, os._exit, or the memory "
                     "limit)")
+            elif isinstance(e, CellTimeoutError) and IOPUB_TIMEOUT_MESSAGE in str(e):
+                key, ename, why = "unresponsive", "OutputLate", (
+                    f"the rest of cell {{i}}'s output had not reached the grader "
+                    f"{self.iopub_timeout} s after the cell ended")
             elif isinstance(e, CellTimeoutError):
                 key, ename, why = "unresponsive", "KernelUnresponsive", (
                     "the kernel did not respond after cell {i} timed out and was interrupted")

@@ -377,8 +377,8 @@ def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict 
     `answers`: stub -> the tester's answer, for each test cell run there.
     Returns what the notebook tampered with."""
     tampered = []
-    stopped = {"KernelDied", "KernelUnresponsive", "KernelUnreadable", "NotebookTimeout",
-               "CellTimeoutError"}
+    stopped = {"KernelDied", "KernelUnresponsive", "OutputLate", "KernelUnreadable",
+               "NotebookTimeout", "CellTimeoutError"}
     for cell in nb.cells:
         key = stubs.get(cell.source) if cell.cell_type == "code" else None
         if key is None:

@@ -270,6 +270,39 @@ def test_a_forged_verdict_is_zeroed_by_the_values_alone(course):
     assert "values differ" in rec.status and scores == {"99_scale_test": 0, "99_asset_test": 1}
 
 
+def test_a_grader_that_reads_slowly_loses_no_output(tmp_path):
+    """A kernel's IOPub socket drops what it cannot queue (about a thousand messages a side)
+    unless told to wait (autograder/kernel_output.py). Here the grader takes 2 ms a message
+    and the kernel shows 3,000 of them at once over IPC, as a sandboxed kernel does: every
+    one arrives, in order, and the cell ends normally. Without the option, about 2,000 arrive
+    and "idle" never does (the run ends `OutputLate` after iopub_timeout)."""
+    import time
+
+    from jupyter_client.manager import AsyncKernelManager
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from autograder.execute import GuardedExecute
+    n = 3000
+    nb = new_notebook(cells=[new_code_cell(
+        "from IPython.display import display\n"
+        f"for i in range({n}):\n"
+        "    display({'text/plain': str(i), 'text/x-pad': 'p' * 1500}, raw=True)")])
+    km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(tmp_path / "k"))
+    ex = GuardedExecute(timeout=120)
+    reads = ex.output
+
+    def slow_read(*args, **kwargs):
+        time.sleep(0.002)
+        return reads(*args, **kwargs)
+
+    ex.output = slow_read
+    ex.preprocess(nb, {}, km=km)
+    assert ex.setup_error is None, ex.setup_error
+    outputs = nb.cells[0].outputs
+    assert [o.get("ename") for o in outputs if o.output_type == "error"] == []
+    assert [o.data["text/plain"] for o in outputs] == [str(i) for i in range(n)]
+
+
 def test_the_reference_run_leaves_out_the_free_cells_no_test_needs():
     def cell(source, **role):
         return new_code_cell(source, metadata={"nbgrader": role} if role else {})
