@@ -10,7 +10,8 @@ What crosses, both ways, and how:
 
 * by value: None, bool, int, float, str, bytes, exact lists / tuples / dicts / sets of these,
   torch tensors (CPU bytes, any dtype, shape checked against the bytes), torch dtypes and
-  devices, torch Generators (their state). Nothing is ever unpickled: a message is JSON plus raw
+  devices, torch Generators (their state); and, from the tester to the student's side only, the
+  course's dataclasses (a model's config) and `types.SimpleNamespace` records. Nothing is ever unpickled: a message is JSON plus raw
   byte blobs (autograder/wire.py), capped at MAX_MESSAGE bytes, nested at most MAX_DEPTH deep;
 * in place: a list, dict, tensor or Generator passed as an argument comes back when the call
   changed it, and the caller copies it into its own object (a kernel that fills an output
@@ -34,6 +35,7 @@ import json
 import math
 import numbers
 import socket
+import types
 
 # The guard the student's side enters around a call (`autograder.reference_disabled` there),
 # taken at import: the tester replaces its own copy by one that forwards here (tester.py).
@@ -140,6 +142,8 @@ class _Codec:
             return {"dc": [type(v).__module__, type(v).__qualname__,
                            [[f.name, self.enc(getattr(v, f.name), depth + 1)]
                             for f in dataclasses.fields(v)]]}
+        if type(v) is types.SimpleNamespace and not self.ep.share_handles:
+            return {"ns": [[str(k), self.enc(x, depth + 1)] for k, x in vars(v).items()]}
         if isinstance(v, torch.nn.Module) and not self.ep.share_handles:
             p = next(iter(v.parameters()), None)
             return {"m": [self.ep.export(v, call_only=True),
@@ -219,7 +223,7 @@ class _Codec:
             return g
         if tag == "h":
             return Remote(self.ep, _int(x))
-        if tag in ("dc", "m") and not self.ep.share_handles:
+        if tag in ("dc", "m", "ns") and not self.ep.share_handles:
             raise ProtocolError("the student's side sent an object the tester does not accept")
         if tag == "dc":                          # the tester's config, in the student's kernel
             module, qualname, fields = _list(x, 3)
@@ -229,6 +233,13 @@ class _Codec:
             for part in str(qualname).split("."):
                 cls = getattr(cls, part)
             return cls(**{str(k): self.dec(v, depth + 1) for k, v in _pairs(fields)})
+        if tag == "ns":                          # a test's SimpleNamespace, by value
+            fields = {}
+            for k, v in _pairs(x):
+                if type(k) is not str or not k.isidentifier() or k.startswith("__"):
+                    raise ProtocolError(f"not an attribute name: {str(k)[:40]}")
+                fields[k] = self.dec(v, depth + 1)
+            return types.SimpleNamespace(**fields)
         if tag == "m":                           # the tester's model: a stand-in module here
             h, config, device, dtype = _list(x, 4)
             return _stand_in(Remote(self.ep, _int(h)), self.dec(config, depth + 1),

@@ -44,7 +44,6 @@ JUDGED_BY_VALUES = {"01_roofline": {"01_gqa_test"},         # either side of a f
                     "03_shrinking_kv": {"03_mla_speed_test"},
                     "04_quantization": {"04_speed_test"},
                     "05_speculative": {"05_exact_test", "05_speed_test"},   # 05_exact: statistics
-                    "06_continuous_batching": {"06_speed_test"},
                     "07_paged_attention": {"07_speed_test"},
                     "08_pruning_distillation": set(),
                     DUMMY: {"99_asset_test"}}

@@ -146,6 +146,29 @@ def test_the_testers_model_is_a_stand_in_module_in_the_kernel():
     p.close()
 
 
+def test_a_simple_namespace_crosses_by_value_to_the_student_only():
+    """A test's SimpleNamespace record (lab 06 builds finished requests so) reaches the
+    student's code as a SimpleNamespace of the same fields; the student's side cannot send one
+    back (it stays there as a handle, like any object of its own)."""
+    p = Pair(student("import types\n"
+                     "def span(s):\n"
+                     "    return [type(s).__name__, s.finish_time - s.arrival_time, s.tags]\n"
+                     "def make():\n"
+                     "    return types.SimpleNamespace(a=1)\n"))
+    ns = p.run("from types import SimpleNamespace\n"
+               "out = span(SimpleNamespace(arrival_time=1.0, finish_time=2.5, tags=['x']))\n"
+               "back = make()\nr = repr(back)")
+    assert ns["out"] == ["SimpleNamespace", 1.5, ["x"]]
+    assert isinstance(ns["back"], remote.Remote) and "namespace(a=1)" in ns["r"]
+    p.close()
+    codec = remote._Codec(remote.Endpoint(socket.socketpair()[0], share_handles=False))
+    with pytest.raises(remote.ProtocolError, match="does not accept"):
+        codec.dec({"ns": [["a", 1]]})
+    kernel = remote._Codec(remote.Endpoint(socket.socketpair()[0], share_handles=True))
+    with pytest.raises(remote.ProtocolError, match="not an attribute name"):
+        kernel.dec({"ns": [["__class__", 1]]})
+
+
 def test_the_students_objects_stay_in_its_kernel():
     p = Pair(student("class Cache:\n"
                      "    def __init__(self, n):\n        self.k = torch.zeros(n)\n"
