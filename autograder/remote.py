@@ -10,9 +10,11 @@ What crosses, both ways, and how:
 
 * by value: None, bool, int, float, str, bytes, exact lists / tuples / dicts / sets of these,
   torch tensors (CPU bytes, any dtype, shape checked against the bytes), torch dtypes and
-  devices, torch Generators (their state); and, from the tester to the student's side only, the
-  course's dataclasses (a model's config) and `types.SimpleNamespace` records. Nothing is ever unpickled: a message is JSON plus raw
-  byte blobs (autograder/wire.py), capped at MAX_MESSAGE bytes, nested at most MAX_DEPTH deep;
+  devices, torch Generators (their state), SymPy expressions (as their trees,
+  autograder/remote_sympy.py); and, from the tester to the student's side only, the course's
+  dataclasses (a model's config) and `types.SimpleNamespace` records. Nothing is ever
+  unpickled: a message is JSON plus raw byte blobs (autograder/wire.py), capped at MAX_MESSAGE
+  bytes, nested at most MAX_DEPTH deep;
 * in place: a list, dict, tensor or Generator passed as an argument comes back when the call
   changed it, and the caller copies it into its own object (a kernel that fills an output
   buffer, a sampler that advances its generator, a function that edits the list it is given);
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import math
 import numbers
 import socket
@@ -39,11 +40,12 @@ import types
 
 # The guard the student's side enters around a call (`autograder.reference_disabled` there),
 # taken at import: the tester replaces its own copy by one that forwards here (tester.py).
+from . import remote_sympy
 from .checks import ReferenceGuard as _KernelGuard
 from .wire import MAX_ITEMS, MAX_MESSAGE, Disconnected, ProtocolError, _recv, _send
 
-__all__ = ["Endpoint", "Remote", "Exposed", "expose", "StudentError", "ProtocolError",
-           "Disconnected", "MAX_MESSAGE", "serve"]
+__all__ = ["Endpoint", "Remote", "Exposed", "expose", "resident", "StudentError",
+           "ProtocolError", "Disconnected", "MAX_MESSAGE", "serve"]
 
 MAX_DEPTH = 32                   # nesting of lists / dicts in one value
 MAX_TEXT = 4000                  # characters of an exception message that cross
@@ -79,6 +81,22 @@ class Exposed:
 def expose(obj) -> Exposed:
     """Wrap `obj` so that it crosses as a call-only handle instead of by value."""
     return Exposed(obj)
+
+
+CURRENT: "Endpoint | None" = None    # the tester's connection while a test runs (tester.py)
+
+
+def resident(value):
+    """`value` copied once into the student's kernel, for a speed check that calls the
+    student's code many times on the same inputs: the tester gets a handle (a list or tuple:
+    one per item) that crosses back as the kernel's own object, so the timed calls do not
+    send the inputs again. With the tests in the kernel (no tester), `value` itself."""
+    ep = CURRENT
+    if ep is None:
+        return value
+    if type(value) in (list, tuple):
+        return type(value)(ep.request("keep", None, x) for x in value)
+    return ep.request("keep", None, value)
 
 
 class _Codec:
@@ -119,7 +137,7 @@ class _Codec:
         if isinstance(v, torch.Tensor) and type(v) in (torch.Tensor, torch.nn.Parameter):
             c = _cpu_copy(v)
             self.mutables.append(v)
-            self.blobs.append(c.reshape(-1).view(torch.uint8).numpy().tobytes()
+            self.blobs.append(memoryview(c.reshape(-1).view(torch.uint8).numpy())
                               if c.numel() else b"")
             return {"t": [str(c.dtype).removeprefix("torch."), list(c.shape),
                           len(self.blobs) - 1, str(v.device)]}
@@ -135,6 +153,8 @@ class _Codec:
             return {"g": [str(v.device), len(self.blobs) - 1]}
         if isinstance(v, Remote) and v._ep is self.ep:
             return {"yours": v._id}
+        if remote_sympy.is_sympy(v):
+            return {"sy": remote_sympy.encode(v, int, depth, ProtocolError)}
         if isinstance(v, Exposed):
             return {"h": self.ep.export(v.obj, call_only=True)}
         if not self.ep.share_handles and dataclasses.is_dataclass(v) and \
@@ -202,7 +222,7 @@ class _Codec:
             if numel * size != len(data):
                 raise ProtocolError(f"a tensor of shape {shape} and dtype {dtype_name} "
                                     f"sent with {len(data)} bytes")
-            t = (torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+            t = (torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
                  .clone() if numel else torch.empty(shape, dtype=dtype))   # own, resizable
             if self.ep.keep_devices and str(device) != "cpu" and torch.cuda.is_available():
                 t = t.to(device)
@@ -223,6 +243,8 @@ class _Codec:
             return g
         if tag == "h":
             return Remote(self.ep, _int(x))
+        if tag == "sy":
+            return remote_sympy.decode(x, ProtocolError)
         if tag in ("dc", "m", "ns") and not self.ep.share_handles:
             raise ProtocolError("the student's side sent an object the tester does not accept")
         if tag == "dc":                          # the tester's config, in the student's kernel
@@ -358,7 +380,7 @@ class Endpoint:
             reply = {"ok": out.enc(value)}
             if before is not None:
                 changed = [[i, out.enc(m)] for i, m in enumerate(codec.mutables)
-                           if self._snapshot(m) != before[i]]
+                           if not before[i].holds(m)]
                 if changed:
                     reply["changed"] = changed
         except (KeyboardInterrupt, SystemExit, Disconnected):
@@ -368,17 +390,27 @@ class Endpoint:
             reply = {"err": [type(e).__name__, _describe(e)]}
         _send(self.sock, reply, out.blobs)
 
-    def _snapshot(self, m) -> bytes:
-        """What an argument holds, to tell whether the call changed it."""
-        if type(m) in (list, dict):
-            c = _Codec(self)
-            return json.dumps(c.enc(m)).encode() + b"".join(c.blobs)
-        return _snapshot(m)
+    @staticmethod
+    def _snapshot(m):
+        """What an argument holds, to tell whether the call changed it: a list or dict by the
+        identity of its items (kept alive here, so no new item can take an old one's address;
+        the lists, dicts and tensors inside it are arguments of their own, compared by
+        content), a tensor by a copy, a Generator by its state."""
+        if type(m) is list:
+            return _Items(list(m))
+        if type(m) is dict:
+            return _Items([x for item in m.items() for x in item])
+        return _Contents(m)
 
     def _do(self, op: str, h: int | None, args: list, disabled: list[str]):
         if op == "done":
             self.done = True
             return None
+        if op == "keep":                         # resident(): a copy that stays here
+            if not self.share_handles:
+                raise ProtocolError("the student's side cannot leave objects in the tester")
+            (value,) = args
+            return Exposed(value)
         if op == "lookup":
             (name,) = args
             if self.namespace is None or type(name) is not str or name not in self.namespace:
@@ -471,13 +503,36 @@ def _cpu_copy(t):
     return t.detach().to("cpu", copy=True).contiguous()
 
 
-def _snapshot(t) -> bytes:
-    import torch
-    if isinstance(t, torch.Generator):
-        return t.get_state().numpy().tobytes()
-    c = _cpu_copy(t)
-    return repr((c.dtype, tuple(c.shape))).encode() + (
-        c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b"")
+class _Items:
+    """A list's items or a dict's keys and values, compared by identity (Endpoint._snapshot)."""
+    __slots__ = ("items",)
+
+    def __init__(self, items: list):
+        self.items = items
+
+    def holds(self, m) -> bool:
+        now = list(m) if type(m) is list else [x for item in m.items() for x in item]
+        return len(now) == len(self.items) and all(x is y for x, y in zip(now, self.items))
+
+
+class _Contents:
+    """A tensor's dtype, shape and values (a copy), or a Generator's state (Endpoint._snapshot).
+    A tensor holding NaN never equals its copy: it is sent back unchanged, which is harmless."""
+    __slots__ = ("kind", "copy")
+
+    def __init__(self, t):
+        import torch
+        if isinstance(t, torch.Generator):
+            self.kind, self.copy = None, t.get_state()
+        else:
+            self.kind, self.copy = (t.dtype, tuple(t.shape), t.device), t.detach().clone()
+
+    def holds(self, t) -> bool:
+        import torch
+        if self.kind is None:
+            return torch.equal(t.get_state(), self.copy)
+        return (t.dtype, tuple(t.shape), t.device) == self.kind and \
+            torch.equal(t.detach(), self.copy)
 
 
 def _copy_into(dest, new) -> None:

@@ -7,8 +7,8 @@ the student's kernel and talks to it in JSON lines on its stdin / stdout:
     {"op": "setup", "grade_id": ..., "source": ...}   a locked setup cell of the lab, run here too
                                                       (imports, the model, the lab's helpers)
     {"op": "test", "seq": n, "grade_id": ...,         a test cell: wait for the student's kernel
-     "source": ..., "names": [...]}                   to connect to SOCKET, run the cell, tell the
-                                                      kernel it is done
+     "source": ..., "names": [...],                   to connect to SOCKET, run the cell, tell the
+     "rebound": [...]}                                kernel it is done
     {"op": "abort", "seq": n}                         (while test n waits) the kernel will not
                                                       connect; ignored once it has
     {"op": "quit"}
@@ -33,6 +33,7 @@ import sys
 import time
 
 from . import remote
+from .sandbox_cpu import SandboxMeter, UnaccountedWork, cpu_clock
 
 MAX_STDOUT = 100_000         # characters of a test's own printing that are kept
 
@@ -64,7 +65,9 @@ class Tester:
             os.unlink(socket_path)
         self.listener.bind(socket_path)
         self.listener.listen(1)
+        self.meter: SandboxMeter | None = None     # the connected kernel's CPU time
         _forward_reference_guard(self.ns)
+        _time_the_kernel_too(self)
 
     def run_source(self, source: str, grade_id: str) -> dict:
         out = io.StringIO()
@@ -113,17 +116,27 @@ class Tester:
             if self.listener in ready:
                 conn, _ = self.listener.accept()
         conn.settimeout(max(1.0, deadline - time.monotonic()))
+        try:
+            self.meter = SandboxMeter.of_peer(conn)
+        except (OSError, ValueError, KeyError) as e:
+            self.meter = None       # the speed checks then refuse to run: a candidate whose
+            print(f"tester: cannot read the kernel's CPU time: {e}",   # work went uncounted
+                  file=sys.stderr)                                    # would look free
         ep = remote.Endpoint(conn, share_handles=False)
-        self.ns.endpoint = ep
+        self.ns.endpoint = remote.CURRENT = ep
         self.ns.student_names = frozenset(cmd.get("names", []))
+        for name in cmd.get("rebound", []):     # the kernel holds the newer value
+            if name in self.ns.student_names:
+                self.ns.pop(name, None)
         try:
             result = self.run_source(cmd["source"], cmd.get("grade_id", "test"))
             with contextlib.suppress(OSError, remote.ProtocolError):
                 ep.request("done", None)
             return result
         finally:
-            self.ns.endpoint = None
+            self.ns.endpoint = remote.CURRENT = None
             self.ns.student_names = frozenset()
+            self.meter = None
             conn.close()
 
 
@@ -267,6 +280,28 @@ def _forward_reference_guard(ns: Namespace) -> None:
         if name.startswith("autograder.") and getattr(module, "ReferenceGuard", None) is \
                 not ForwardingGuard and hasattr(module, "ReferenceGuard"):
             module.ReferenceGuard = ForwardingGuard
+
+
+def _time_the_kernel_too(tester: Tester) -> None:
+    """The speed checks' CPU clock (autograder.timing.time_ratio) counts the tester's CPU time
+    and the connected kernel's sandbox's (autograder/sandbox_cpu.py), and refuses a measurement
+    during which the student's code did work that clock cannot see."""
+    from autograder import timing as checks_timing
+    from minillm import timing
+    timed = timing._build(cpu_clock(lambda: tester.meter), timing._stat_median)[0]
+
+    def cpu_time_interleaved(fns, warmup: int = 2, repeats: int = 7, sync=None):
+        meter = tester.meter
+        if meter is None and remote.CURRENT is not None:
+            raise UnaccountedWork("the grader cannot read your kernel's CPU time, so this "
+                                  "timed check cannot run (see the job's log)")
+        before = meter.read() if meter is not None else None
+        times = timed(fns, warmup=warmup, repeats=repeats, sync=sync)
+        if meter is not None:
+            meter.check(before, meter.read())
+        return times
+
+    checks_timing._cpu_time_interleaved = cpu_time_interleaved
 
 
 def main(argv: list[str]) -> int:

@@ -25,28 +25,38 @@ class Disconnected(ProtocolError):
     closed it)."""
 
 
-def _send(sock: socket.socket, message: dict, blobs: list[bytes]) -> None:
+def _send(sock: socket.socket, message: dict, blobs: list) -> None:
+    """`blobs`: bytes-like (bytes, or a memoryview of a tensor's bytes: sent without a copy)."""
     text = json.dumps(message, allow_nan=False).encode()
-    size = _HEADER.size + len(text) + sum(_BLOB.size + len(b) for b in blobs)
+    sizes = [memoryview(b).nbytes for b in blobs]
+    size = _HEADER.size + len(text) + sum(_BLOB.size + n for n in sizes)
     if size > MAX_MESSAGE:
         raise ProtocolError(f"a message of {size >> 20} MB, over the {MAX_MESSAGE >> 20} MB limit")
-    parts = [_HEADER.pack(len(text), len(blobs)), text]
-    for b in blobs:
-        parts += [_BLOB.pack(len(b)), b]
-    sock.sendall(b"".join(parts))
+    small = [_HEADER.pack(len(text), len(blobs)), text]
+    for b, n in zip(blobs, sizes):
+        small.append(_BLOB.pack(n))
+        if n < 65536:
+            small.append(bytes(b))
+        else:                               # a large blob goes as is, after what precedes it
+            sock.sendall(b"".join(small))
+            sock.sendall(b)
+            small = []
+    if small:
+        sock.sendall(b"".join(small))
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], min(n - got, 1 << 22))
+        if not k:
             raise Disconnected("the other side closed the connection")
-        buf += chunk
-    return bytes(buf)
+        got += k
+    return buf
 
 
-def _recv(sock: socket.socket) -> tuple[dict, list[bytes]]:
+def _recv(sock: socket.socket) -> tuple[dict, list[bytearray]]:
     n_text, n_blobs = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
     if n_text > MAX_MESSAGE or n_blobs > MAX_ITEMS:
         raise ProtocolError("a message over the size limit")

@@ -92,6 +92,30 @@ def test_an_argument_changed_in_place_comes_back():
     p.close()
 
 
+def test_a_resident_input_is_sent_once_and_crosses_back_as_the_kernels_own():
+    """remote.resident: a speed check's inputs copied into the kernel once; the timed calls
+    pass handles that the kernel reads as its own objects (no bytes sent again), and a fresh
+    list of them each call, so a call that empties its list cannot shorten the next one."""
+    p = Pair(student("def total(xs, w):\n"
+                     "    out = sum(float(x.sum()) for x in xs) * float(w.sum())\n"
+                     "    xs.clear()\n"
+                     "    return [out, id(w)]\n"))
+    remote.CURRENT = p.ns.endpoint
+    try:
+        ns = p.run("from autograder.remote import resident\n"
+                   "xs, w = [torch.ones(3), torch.ones(2)], torch.full((4,), 0.5)\n"
+                   "xs_k, w_k = resident(list(xs)), resident(w)\n"
+                   "a = total(list(xs_k), w_k)\nb = total(list(xs_k), w_k)")
+    finally:
+        remote.CURRENT = None
+    assert ns["a"][0] == ns["b"][0] == 10.0 and ns["a"][1] == ns["b"][1]
+    assert all(isinstance(x, remote.Remote) for x in ns["xs_k"] + [ns["w_k"]])
+    with pytest.raises(remote.StudentError, match="PermissionError"):
+        p.run("w_k.sum()")                   # a handle to the kernel's copy: call-only
+    assert remote.resident([1, 2]) == [1, 2]           # no tester: the value itself
+    p.close()
+
+
 def test_exceptions_keep_builtin_types_only():
     p = Pair(student("class Mine(Exception):\n    pass\n"
                      "def bad(t):\n    if t <= 0:\n        raise ValueError(f'T={t}')\n"
@@ -237,7 +261,18 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
         cell("measured = scale(2)\nfor i in range(3):\n    pass")])
     assert tester_plan(nb) is None
     nb.metadata["autograder"] = {"tests": "tester"}
-    assert tester_plan(nb) == {"names": ["i", "measured", "scale"]}
+    assert tester_plan(nb) == {"names": ["i", "measured", "scale"], "rebound": {}}
+    # a name a locked test cell binds (it runs in the tester) and a free cell binds again later
+    # (in the kernel): a later test that reads it reads the kernel's, as in one kernel (lab 01's
+    # `intensity`, a SymPy expression in one test, the measured list after)
+    nb.cells += [cell("intensity = 3\nassert measured == 2", locked=True, grade=True,
+                      grade_id="t1"),
+                 cell("intensity = [1.0, 2.0]"),
+                 cell("assert intensity == [1.0, 2.0]\nmodel", locked=True, grade=True,
+                      grade_id="t2"),
+                 cell("intensity = 5", locked=True, grade=True, grade_id="t3"),
+                 cell("assert intensity == 5", locked=True, grade=True, grade_id="t4")]
+    assert tester_plan(nb)["rebound"] == {"t2": ["intensity"]}
 
 
 @pytest.mark.parametrize("message", [

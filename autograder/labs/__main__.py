@@ -4,8 +4,10 @@ For each lab (or the ones named, e.g. lab03), runs the check's measure N times o
 and N times on its counter-example (unguarded, on one torch thread, as the graded cell does),
 the last K runs of each with a busy loop spinning on one core, and prints the ratios' range and
 median next to the threshold. With --solution it also measures the source notebook's own
-answer where the check names one (SpeedCheck.solution), guarded as a submission is. The ranges
-in autograder/README.md come from this command.
+answer where the check names one (SpeedCheck.solution), guarded as a submission is. With
+--tester the candidate runs in a process of its own that serves the check over a socket, and the
+check runs in a tester (autograder/tester.py), timing both processes' CPU, as in a lab whose
+tests run in the tester. The ranges in autograder/README.md come from this command.
 """
 from __future__ import annotations
 
@@ -40,6 +42,46 @@ def measure(check, candidate, runs: int, loaded: int, guarded: bool = False) -> 
     return ratios
 
 
+# the student's side of --tester: the candidate, served to the tester until it is done
+KERNEL = """
+import sys, torch
+torch.set_num_threads(1)
+from autograder import remote
+from autograder.labs import speed_checks
+remote.serve(sys.argv[1], {"candidate": getattr(speed_checks()[sys.argv[2]], sys.argv[3])})
+"""
+
+
+def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> list[float]:
+    """`measure` with the candidate (`which`: "reference" or "counter_example") in a process
+    of its own and the check in a tester, one connection per run."""
+    import os
+    import tempfile
+
+    from autograder.tester import Commands, Tester
+    folder = tempfile.mkdtemp(prefix="speedcheck_")
+    path = os.path.join(folder, "tester.sock")
+    tester = Tester(path)
+    never, _ = os.pipe()                    # no command ever comes: no abort
+    tester.ns.update(check=check, ratios=[])
+    for i in range(runs):
+        with busy_core() if i >= runs - loaded else contextlib.nullcontext():
+            kernel = subprocess.Popen([sys.executable, "-c", KERNEL, path, lab, which])
+            try:
+                answer = tester.test({"op": "test", "seq": i, "grade_id": which,
+                                      "names": ["candidate"], "timeout": 600,
+                                      "source": "ratios.append(check.ratio(candidate, "
+                                                "*check.fixture(), guarded=False).ratio)"},
+                                     Commands(never))
+                if not answer["ok"]:
+                    raise RuntimeError(f"{lab} {which} in the tester: {answer['ename']}: "
+                                       f"{answer['evalue']}")
+                kernel.wait(60)
+            finally:
+                kernel.kill()
+    return list(tester.ns["ratios"])
+
+
 def _range(r: list[float]) -> str:
     return f"{min(r):.2f}-{max(r):.2f} (median {statistics.median(r):.2f})"
 
@@ -53,6 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--solution", action="store_true",
                     help="also measure the source notebook's solution (guarded)")
+    ap.add_argument("--tester", action="store_true",
+                    help="run each candidate in a process of its own, the check in a tester")
     args = ap.parse_args(argv)
     checks = speed_checks()
     unknown = [lab for lab in args.labs if lab not in checks]
@@ -64,11 +108,17 @@ def main(argv=None) -> int:
         row = {"grade_id": check.grade_id, "threshold": check.threshold}
         candidates = {"reference": (check.reference, False),
                       "counter_example": (check.counter_example, False)}
-        if args.solution and check.solution:
+        if args.solution and check.solution and not args.tester:
             candidates["solution"] = (notebook_solution(check, lab), True)
         ranges = {}
         for which, (fn, guarded) in candidates.items():
-            r = measure(check, fn, args.runs, args.loaded, guarded)
+            try:
+                r = measure_in_tester(lab, check, which, args.runs, args.loaded) \
+                    if args.tester else measure(check, fn, args.runs, args.loaded, guarded)
+            except RuntimeError as e:       # --tester: a candidate that needs the model's
+                row[which] = {"error": str(e)}              # insides (a stand-in there)
+                ranges[which] = f"cannot run: {e}"
+                continue
             row[which] = {"min": min(r), "median": statistics.median(r), "max": max(r)}
             ranges[which] = _range(r)
         rows[lab] = row
@@ -77,7 +127,8 @@ def main(argv=None) -> int:
                 f"{which.replace('_', '-')} {text}" for which, text in ranges.items()),
                 flush=True)
     if args.json:
-        print(json.dumps({"runs": args.runs, "loaded": args.loaded, "checks": rows}, indent=1))
+        print(json.dumps({"runs": args.runs, "loaded": args.loaded, "tester": args.tester,
+                          "checks": rows}, indent=1))
     return 0
 
 

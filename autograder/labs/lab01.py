@@ -10,9 +10,10 @@ interleaved in one process, on one torch thread:
     time(B requests one at a time: B matrix-vector products) / time(serve_batched(requests, W))
 
 Both sides do the same 2*B*D*F FLOPs, with B = 64 and D = F = 2048 (a 16 MB fp32 weight, far
-larger than a core's L2 cache). Why 1.8: it sits in the gap between the one-matmul reference
-and a "batched" function that still loops over the requests, on the AVX-512 core where the
-reference gains least (2.2-3.0) as on the older one where it gains most (about 9; ranges:
+larger than a core's L2 cache). Why 1.5: it sits in the gap between the one-matmul reference
+and a "batched" function that still loops over the requests (at most 1.06), on the AVX-512 core
+where the reference gains least (2.1-2.2 graded in the tester, which also times sending the
+result back; 2.2-3.0 in one process) as on the older one where it gains most (about 9; ranges:
 autograder/README.md).
 
     from autograder.labs import lab01
@@ -26,11 +27,12 @@ import torch
 
 from autograder.checks import assert_close
 from autograder.labs.speedcheck import SpeedCheck
+from autograder.remote import resident
 from autograder.timing import time_ratio
 
 BATCH = 64          # requests served by one step
 DIM = 2048          # D = F: a 16 MB fp32 weight, far larger than the L2 cache of any CPU core
-THRESHOLD = 1.8     # required time(one at a time) / time(batched)
+THRESHOLD = 1.5     # required time(one at a time) / time(batched)
 WARMUP, REPEATS = 1, 5
 
 # captured at import (the grader imports autograder before student code runs)
@@ -69,9 +71,11 @@ def batching_ratio(serve_fn, guard, *, batch: int, dim: int, warmup: int = WARMU
         def baseline():
             one_at_a_time(xs, w)
 
+        xs_there, w_there = resident(list(xs)), resident(w)     # sent to the kernel once
+
         def candidate():
             with guard:
-                serve_fn(list(xs), w)
+                serve_fn(list(xs_there), w_there)
 
         return time_ratio(baseline, candidate, warmup=warmup, repeats=repeats)
 

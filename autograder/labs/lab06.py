@@ -15,8 +15,10 @@ for prompts of LENGTHS tokens (one long prompt among short ones: the usual heavy
 checking that the student's logits equal the padded batch's (a fast but wrong answer earns
 nothing). Token counts: padded 5 x 96 = 480, selective 120 (4.0x fewer).
 
-Why 1.8: well under the library's selective prefill on a loaded 2-core machine, well over a
-"selective" function that pads anyway (ranges: autograder/README.md).
+Why 1.5: well under the library's selective prefill on a loaded 2-core machine (2.0-2.4 graded
+in the tester, where the attention of each layer crosses between the tester and the kernel;
+3.0-3.3 in one process), well over a "selective" function that pads anyway (at most 1.06;
+ranges: autograder/README.md).
 
     from autograder.labs import lab06
     lab06.check_selective_speedup(selective_prefill, model)   # AssertionError below THRESHOLD
@@ -31,7 +33,7 @@ from autograder.labs.speedcheck import SpeedCheck
 from autograder.timing import time_ratio
 
 LENGTHS = (4, 96, 6, 9, 5)
-THRESHOLD = 1.8     # required time(padded) / time(selective)
+THRESHOLD = 1.5     # required time(padded) / time(selective)
 WARMUP, REPEATS = 1, 5
 SEED = 6
 
