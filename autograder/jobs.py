@@ -37,6 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .tester_plan import tester_plan
+
 MAX_NOTEBOOK_BYTES = 25 << 20       # a lab notebook with outputs is well under 1 MB
 MAX_CELLS = 2000                    # the largest lab has under 100
 MAX_EXTRA_BYTES = 20 << 20          # the student's own files beside the notebook
@@ -90,40 +92,6 @@ def _sanitize(course, student: str, lab: str, name: str, path: Path):
         raise JobError(f"rejected: nbgrader cannot read {path.name}'s cells "
                        f"({type(e).__name__}: {str(e)[:200]})") from None
     return nb
-
-
-def tester_plan(source_nb) -> dict | None:
-    """For a lab whose tests run in the tester (autograder/tester.py; `uses_tester`): the names
-    they may read from the kernel, those the unlocked cells bind ("names"), and for each test
-    the names it reads that an unlocked cell rebound after a locked cell had bound them
-    ("rebound", grade_id -> names): the tester holds the locked cell's value, the kernel the
-    newer one, and the test must read the kernel's, as it would in one kernel. None: tests in
-    the kernel."""
-    from .seal import bound_names, free_names, imported_names
-    if not uses_tester(source_nb):
-        return None
-    names: set[str] = set()
-    stale: dict[str, bool] = {}         # name -> its newest binding is the kernel's, not ours
-    rebound: dict[str, list[str]] = {}
-    for c in source_nb.cells:
-        if c.cell_type != "code":
-            continue
-        m = c.metadata.get("nbgrader", {})
-        bound = bound_names(c.source)
-        if not m.get("locked"):
-            names |= bound - imported_names(c.source)
-            stale.update({n: True for n in bound if n in stale})
-            continue
-        if m.get("grade"):
-            reads = sorted(n for n in free_names(c.source) or () if stale.get(n))
-            if reads:
-                rebound[m.get("grade_id", "?")] = reads
-        stale.update({n: False for n in bound})
-    return {"names": sorted(names), "rebound": rebound}
-
-
-def uses_tester(source_nb) -> bool:      # the instructor's notebook, never a submission
-    return source_nb.metadata.get("autograder", {}).get("tests") == "tester"
 
 
 def _plan_tester(job: dict, course, lab: str, name: str, source_nb) -> None:

@@ -14,6 +14,7 @@ import json
 
 from . import jobs
 from .processes import environment_fingerprint, tree_sha256
+from .tester_plan import uses_tester
 
 __all__ = ["reference", "fingerprint", "REFERENCE_DIR"]
 
@@ -70,7 +71,7 @@ def _tester_only(course, lab: str) -> bool:
     import nbformat
     names = jobs._notebook_names(course, lab)
     return bool(names) and all(
-        jobs.uses_tester(nbformat.read(str(course.source(lab) / f"{n}.ipynb"), as_version=4))
+        uses_tester(nbformat.read(str(course.source(lab) / f"{n}.ipynb"), as_version=4))
         for n in names)
 
 

@@ -17,7 +17,8 @@ What crosses, both ways, and how:
   bytes, nested at most MAX_DEPTH deep;
 * in place: a list, dict, tensor or Generator passed as an argument comes back when the call
   changed it, and the caller copies it into its own object (a kernel that fills an output
-  buffer, a sampler that advances its generator, a function that edits the list it is given);
+  buffer, a sampler that advances its generator, a function that edits the list it is given;
+  autograder/remote_copyback.py);
 * by handle: any other object of the student's kernel (a class, an instance, a function it
   returns) stays there; the tester gets a `Remote` that forwards calls, attribute and item
   reads, len, iter, repr, bool;
@@ -38,10 +39,12 @@ import numbers
 import socket
 import types
 
+from . import remote_sympy
+
 # The guard the student's side enters around a call (`autograder.reference_disabled` there),
 # taken at import: the tester replaces its own copy by one that forwards here (tester.py).
-from . import remote_sympy
 from .checks import ReferenceGuard as _KernelGuard
+from .remote_copyback import copy_into, snapshot
 from .wire import MAX_ITEMS, MAX_MESSAGE, Disconnected, ProtocolError, _recv, _send
 
 __all__ = ["Endpoint", "Remote", "Exposed", "expose", "resident", "StudentError",
@@ -355,7 +358,7 @@ class Endpoint:
             for slot, d in _pairs(message.get("changed", [])):
                 if not (type(slot) is int and 0 <= slot < len(sent.mutables)):
                     raise ProtocolError("a changed argument out of range")
-                _copy_into(sent.mutables[slot], reply.dec(d))
+                copy_into(sent.mutables[slot], reply.dec(d))
         return value
 
     def serve(self) -> None:
@@ -373,7 +376,7 @@ class Endpoint:
         out = _Codec(self)
         try:
             args = [codec.dec(a) for a in _list(message.get("args", []))]
-            before = [self._snapshot(m) for m in codec.mutables] if op == "call" else None
+            before = [snapshot(m) for m in codec.mutables] if op == "call" else None
             target = message.get("target")
             value = self._do(op, None if target is None else _int(target), args,
                              [str(n) for n in _list(message.get("disabled", []))])
@@ -389,18 +392,6 @@ class Endpoint:
             out = _Codec(self)
             reply = {"err": [type(e).__name__, _describe(e)]}
         _send(self.sock, reply, out.blobs)
-
-    @staticmethod
-    def _snapshot(m):
-        """What an argument holds, to tell whether the call changed it: a list or dict by the
-        identity of its items (kept alive here, so no new item can take an old one's address;
-        the lists, dicts and tensors inside it are arguments of their own, compared by
-        content), a tensor by a copy, a Generator by its state."""
-        if type(m) is list:
-            return _Items(list(m))
-        if type(m) is dict:
-            return _Items([x for item in m.items() for x in item])
-        return _Contents(m)
 
     def _do(self, op: str, h: int | None, args: list, disabled: list[str]):
         if op == "done":
@@ -501,62 +492,6 @@ def _cpu_copy(t):
     """A CPU copy of `t` whose bytes may be read through numpy: `.numpy()` on the caller's own
     tensor would leave its storage unresizable."""
     return t.detach().to("cpu", copy=True).contiguous()
-
-
-class _Items:
-    """A list's items or a dict's keys and values, compared by identity (Endpoint._snapshot)."""
-    __slots__ = ("items",)
-
-    def __init__(self, items: list):
-        self.items = items
-
-    def holds(self, m) -> bool:
-        now = list(m) if type(m) is list else [x for item in m.items() for x in item]
-        return len(now) == len(self.items) and all(x is y for x, y in zip(now, self.items))
-
-
-class _Contents:
-    """A tensor's dtype, shape and values (a copy), or a Generator's state (Endpoint._snapshot).
-    A tensor holding NaN never equals its copy: it is sent back unchanged, which is harmless."""
-    __slots__ = ("kind", "copy")
-
-    def __init__(self, t):
-        import torch
-        if isinstance(t, torch.Generator):
-            self.kind, self.copy = None, t.get_state()
-        else:
-            self.kind, self.copy = (t.dtype, tuple(t.shape), t.device), t.detach().clone()
-
-    def holds(self, t) -> bool:
-        import torch
-        if self.kind is None:
-            return torch.equal(t.get_state(), self.copy)
-        return (t.dtype, tuple(t.shape), t.device) == self.kind and \
-            torch.equal(t.detach(), self.copy)
-
-
-def _copy_into(dest, new) -> None:
-    import torch
-    if type(dest) in (list, dict):
-        if type(new) is not type(dest):
-            raise ProtocolError("a changed argument came back as something else")
-        if type(dest) is list:
-            dest[:] = new
-        else:
-            dest.clear()
-            dest.update(new)
-        return
-    if isinstance(dest, torch.Generator):
-        if not isinstance(new, torch.Generator):
-            raise ProtocolError("a generator came back as something else")
-        dest.set_state(new.get_state())
-        return
-    if not isinstance(new, torch.Tensor) or new.shape != dest.shape or new.dtype != dest.dtype:
-        raise ValueError("the student's code changed the shape or dtype of a tensor argument in "
-                         f"place ({tuple(dest.shape)} {dest.dtype} -> "
-                         f"{tuple(getattr(new, 'shape', ()))} {getattr(new, 'dtype', None)})")
-    with torch.no_grad():
-        dest.copy_(new.to(dest.device))
 
 
 def _describe(e: BaseException) -> str:

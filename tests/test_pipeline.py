@@ -30,7 +30,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from autograder.course import Course
-from autograder.jobs import uses_tester
+from autograder.tester_plan import uses_tester
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = Course(REPO).labs()

@@ -250,7 +250,7 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
     cell's names; a notebook without the metadata runs its tests in the kernel."""
     from nbformat.v4 import new_code_cell, new_notebook
 
-    from autograder.jobs import tester_plan
+    from autograder.tester_plan import tester_plan
 
     def cell(src, **role):
         return new_code_cell(src, metadata={"nbgrader": role} if role else {})
