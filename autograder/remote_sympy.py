@@ -21,6 +21,7 @@ CONSTANTS = ("Pi", "Exp1", "Infinity", "NegativeInfinity", "ComplexInfinity", "N
              "ImaginaryUnit", "EulerGamma", "GoldenRatio", "Catalan", "BooleanTrue",
              "BooleanFalse")
 MAX_NAME = 200
+MAX_EXPONENT = 10_000        # of a number raised to a number (rebuilding evaluates it)
 
 
 def is_sympy(v) -> bool:
@@ -84,5 +85,9 @@ def decode(tree, error, depth: int = 0):
     if head in NODES:
         from sympy.functions.elementary.piecewise import ExprCondPair
         cls = ExprCondPair if head == "ExprCondPair" else getattr(sympy, head)
-        return cls(*[decode(a, error, depth + 1) for a in args])
+        items = [decode(a, error, depth + 1) for a in args]
+        if head == "Pow" and len(items) == 2 and all(x.is_Number for x in items) and \
+                abs(items[1]) > MAX_EXPONENT:       # evaluated here: 10**(10**9) is 400 MB
+            raise error(f"a number raised to a power over {MAX_EXPONENT}")
+        return cls(*items)
     raise error(f"not a SymPy expression the tests accept: {head[:40]}")

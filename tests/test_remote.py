@@ -193,6 +193,38 @@ def test_a_simple_namespace_crosses_by_value_to_the_student_only():
         kernel.dec({"ns": [["__class__", 1]]})
 
 
+def test_sympy_expressions_cross_as_trees_never_as_code():
+    """Lab 01's answers are SymPy expressions: they cross as trees of numbers, symbols (with
+    their assumptions, so the kernel's B equals the tester's) and known operators; a function
+    of the student's own, an unknown assumption or a power too large to rebuild is refused."""
+    import sympy
+
+    from autograder import remote_sympy
+    p = Pair(student("import sympy\n"
+                     "B, D, F = sympy.symbols('B D F', positive=True)\n"
+                     "def intensity():\n"
+                     "    return sympy.simplify(2 * B * D * F / (2 * B * D + 2 * D * F + 2 * B * F))\n"
+                     "def limit():\n"
+                     "    return sympy.limit(B * sympy.Symbol('c') / (B + 1), B, sympy.oo)\n"
+                     "def mine():\n"
+                     "    return sympy.Function('f')(B)\n"
+                     "def bomb():\n"
+                     "    return sympy.Pow(10, 10**9, evaluate=False)\n"))
+    ns = p.run("import sympy\nB, D, F = sympy.symbols('B D F', positive=True)\n"
+               "i = intensity()\nlim = limit()\nsame = sympy.simplify(i - B * D * F / "
+               "(B * D + D * F + B * F)) == 0")
+    assert ns["same"] and ns["lim"] == sympy.Symbol("c")
+    with pytest.raises(remote.StudentError, match="SymPy f cannot be sent"):
+        p.run("mine()")                      # refused by the kernel's side, said to the tester
+    with pytest.raises(remote.ProtocolError, match="power over"):
+        p.run("bomb()")                      # refused by the tester before it evaluates
+    p.close()
+    with pytest.raises(ValueError, match="unknown assumptions"):
+        remote_sympy.decode(["Symbol", "x", {"__class__": True}], ValueError)
+    with pytest.raises(ValueError, match="accept"):
+        remote_sympy.decode(["eval", "1"], ValueError)
+
+
 def test_the_students_objects_stay_in_its_kernel():
     p = Pair(student("class Cache:\n"
                      "    def __init__(self, n):\n        self.k = torch.zeros(n)\n"
