@@ -25,7 +25,9 @@ submissions:
 * before the first cell, the kernel's output channel is told to wait for a slow grader
   instead of dropping messages (autograder/kernel_output.py), and the kernel waits up to
   `iopub_timeout` (30 s, not nbclient's 4) after a cell for the rest of that cell's output;
-  output still missing then is named as such (`OutputLate`), not as an unresponsive kernel;
+  output still missing then is named as such (`OutputLate`), not as an unresponsive kernel
+  (after a cell that ran out of time and was interrupted it waits 4 s, and a kernel still busy
+  then is `KernelUnresponsive`, as before);
 * before the first cell, the kernel runs `setup_code`: by default `autograder.bind()`, which
   binds the clock and the helpers the test cells use before any student code can patch them;
   for a sealed run (`seal`, see autograder/sealed.py) it installs the sealed-cell hook, and
@@ -57,6 +59,7 @@ from traitlets import Any, Dict, Integer, Unicode
 REPORT_EXPRESSION = "__import__('autograder.sealed').sealed.report()"
 NO_DROP_CODE = "import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko"
 IOPUB_TIMEOUT_MESSAGE = "Timeout waiting for IOPub output"     # nbclient's, raised on a late one
+INTERRUPTED_OUTPUT_S = 4     # an interrupted kernel that does not go idle by then is unresponsive
 
 
 class UnreadableMessage(ValueError):
@@ -103,7 +106,8 @@ class GuardedExecute(Execute):
     tester_answers = Dict({}, help="stub source -> the tester's answer (set by the run)")
     iopub_timeout = Integer(
         30, help="Seconds to wait, after a cell's reply, for the rest of its output (nbclient's "
-                 "default of 4 loses output a busy grader has not read yet)").tag(config=True)
+                 "default of 4 loses output a busy grader has not read yet); after a cell that "
+                 "ran out of time and was interrupted, INTERRUPTED_OUTPUT_S").tag(config=True)
 
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
@@ -130,6 +134,13 @@ class GuardedExecute(Execute):
 
     def _remaining(self) -> float:
         return self._deadline - monotonic() if self._deadline is not None else math.inf
+
+    _interrupted = False            # the running cell ran out of time and was interrupted
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self._interrupted = True
+        self.iopub_timeout = min(self.iopub_timeout, INTERRUPTED_OUTPUT_S)
+        return await super()._async_handle_timeout(timeout, cell)
 
     def _get_timeout(self, cell):
         timeout = super()._get_timeout(cell)
@@ -176,6 +187,7 @@ class GuardedExecute(Execute):
                   "kernel_died": None, "unresponsive": None, "unreadable": None}
         t0 = monotonic()
         index = 0
+        late_output_s = self.iopub_timeout
         try:
             with self.setup_kernel():
                 assert self.kc
@@ -193,6 +205,7 @@ class GuardedExecute(Execute):
                             "NotebookTimeout", f"not run: the notebook used up its "
                                                f"{timeout} s time limit before this cell")]
                         continue
+                    self._interrupted, self.iopub_timeout = False, late_output_s
                     command = self.tester_cells.get(cell.source) \
                         if self.tester is not None else None
                     if command is not None:
@@ -217,10 +230,11 @@ class GuardedExecute(Execute):
                 key, ename, why = "kernel_died", "KernelDied", (
                     "the kernel died while running cell {i} (a crash, os._exit, or the memory "
                     "limit)")
-            elif isinstance(e, CellTimeoutError) and IOPUB_TIMEOUT_MESSAGE in str(e):
+            elif isinstance(e, CellTimeoutError) and IOPUB_TIMEOUT_MESSAGE in str(e) and \
+                    not self._interrupted:
                 key, ename, why = "unresponsive", "OutputLate", (
                     f"the rest of cell {{i}}'s output had not reached the grader "
-                    f"{self.iopub_timeout} s after the cell ended")
+                    f"{late_output_s} s after the cell ended")
             elif isinstance(e, CellTimeoutError):
                 key, ename, why = "unresponsive", "KernelUnresponsive", (
                     "the kernel did not respond after cell {i} timed out and was interrupted")
@@ -236,6 +250,7 @@ class GuardedExecute(Execute):
                     outputs.append(_error_output(ename, why + ("" if i == index else
                                                                "; this cell did not run")))
                     cell.outputs = outputs
+        self.iopub_timeout = late_output_s
         report["seconds"] = round(monotonic() - t0, 3)
         self._write_report(report)
         return self.nb, self.resources
