@@ -13,6 +13,7 @@ Test-cell helpers (import them in graded cells):
     # hidden tests also show the grader what they check (autograder/judge.py):
     assert_close_shown(out, expected, atol=1e-5, name="top_p_filter(logits, 0.9)")
     evidence([len(out), work.calls], "tokens, calls")      # a value checked another way
+    assert data_ptr(view) == data_ptr(buffer)               # a view, not a copy
 
 Command line (see autograder/README.md): python -m autograder release | grade | selfgrade.
 
@@ -27,7 +28,7 @@ import importlib
 
 _HOME = {"assert_close": "checks", "assert_close_shown": "checks", "reference_disabled": "checks",
          "WorkCounter": "checks", "time_ratio": "timing", "check_ratio": "timing",
-         "RatioResult": "timing", "cuda_sync": "timing", "evidence": "judge"}
+         "RatioResult": "timing", "cuda_sync": "timing", "evidence": "judge", "data_ptr": "checks"}
 __all__ = list(_HOME)
 
 

@@ -1,5 +1,5 @@
 """Helpers for nbgrader test cells: `assert_close` (`assert_close_shown` in hidden tests),
-`reference_disabled`, `WorkCounter`.
+`reference_disabled`, `WorkCounter`, `data_ptr`.
 
 Everything these helpers call (torch functions, the hook registration, getattr/setattr...) is
 bound when `autograder` is imported, which the grader does before the first notebook cell runs,
@@ -28,7 +28,7 @@ from .judge import evidence
 from .tolerance import within_tolerance
 
 __all__ = ["assert_close", "assert_close_shown", "reference_disabled", "ReferenceGuard",
-           "WorkCounter"]
+           "WorkCounter", "data_ptr", "KERNEL_ADDRESS"]
 
 # --- captured at import -----------------------------------------------------------------------
 _Tensor = torch.Tensor
@@ -54,6 +54,22 @@ _compile, _exec, _range = compile, exec, range
 _FunctionType, _MethodType = types.FunctionType, types.MethodType
 _staticmethod, _classmethod, _property = staticmethod, classmethod, property
 _cached_property = functools.cached_property
+
+
+# --- data_ptr ---------------------------------------------------------------------------------
+# The attribute autograder/remote.py sets on a tensor the student's kernel sent to the tester:
+# the address its data had in the kernel.
+KERNEL_ADDRESS = "_kernel_data_ptr"
+
+
+def data_ptr(t) -> int:
+    """`t.data_ptr()`, the address of t's first element, so that a test can check that two
+    tensors share memory (a view of a buffer, not a copy; a buffer allocated once). For a tensor
+    that crossed from the student's kernel to the tester (a lab whose tests run in the tester,
+    autograder/remote.py) it is the address the tensor had in the kernel, as the kernel
+    reported it: the tester's copy lives elsewhere."""
+    address = _getattr(t, KERNEL_ADDRESS, None)
+    return t.data_ptr() if address is None else address
 
 
 # --- assert_close -----------------------------------------------------------------------------

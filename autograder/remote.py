@@ -9,7 +9,8 @@ arguments, and gets back the result.
 What crosses, both ways, and how:
 
 * by value: None, bool, int, float, str, bytes, exact lists / tuples / dicts / sets of these,
-  torch tensors (CPU bytes, any dtype, shape checked against the bytes), torch dtypes and
+  torch tensors (CPU bytes, any dtype, shape checked against the bytes; one from the student's
+  side carries the address it had there, for `autograder.data_ptr`), torch dtypes and
   devices, torch Generators (their state), SymPy expressions (as their trees,
   autograder/remote_sympy.py); and, from the tester to the student's side only, the course's
   dataclasses (a model's config) and `types.SimpleNamespace` records. Nothing is ever
@@ -43,6 +44,7 @@ from . import remote_sympy
 
 # The guard the student's side enters around a call (`autograder.reference_disabled` there),
 # taken at import: the tester replaces its own copy by one that forwards here (tester.py).
+from .checks import KERNEL_ADDRESS
 from .checks import ReferenceGuard as _KernelGuard
 from .remote_copyback import copy_into, snapshot
 from .wire import MAX_ITEMS, MAX_MESSAGE, Disconnected, ProtocolError, _recv, _send
@@ -142,8 +144,11 @@ class _Codec:
             self.mutables.append(v)
             self.blobs.append(memoryview(c.reshape(-1).view(torch.uint8).numpy())
                               if c.numel() else b"")
-            return {"t": [str(c.dtype).removeprefix("torch."), list(c.shape),
-                          len(self.blobs) - 1, str(v.device)]}
+            fields = [str(c.dtype).removeprefix("torch."), list(c.shape), len(self.blobs) - 1,
+                      str(v.device)]
+            if self.ep.share_handles:            # the student's side says where it lives there
+                fields.append(v.data_ptr())
+            return {"t": fields}
         if isinstance(v, torch.dtype):
             return {"dt": str(v).removeprefix("torch.")}
         if isinstance(v, torch.device):
@@ -213,7 +218,12 @@ class _Codec:
         if tag == "b":
             return bytes(self._blob(x))
         if tag == "t":
-            dtype_name, shape, blob, device = _list(x, 4)
+            address = None
+            if self.ep.share_handles:
+                dtype_name, shape, blob, device = _list(x, 4)
+            else:                                # from the student's side: and its address
+                dtype_name, shape, blob, device, address = _list(x, 5)
+                _int(address)
             dtype = _dtypes().get(dtype_name)
             if dtype is None or not all(type(s) is int and s >= 0 for s in _list(shape)):
                 raise ProtocolError(f"not a tensor: {dtype_name} {str(shape)[:80]}")
@@ -229,6 +239,8 @@ class _Codec:
                  .clone() if numel else torch.empty(shape, dtype=dtype))   # own, resizable
             if self.ep.keep_devices and str(device) != "cpu" and torch.cuda.is_available():
                 t = t.to(device)
+            if address is not None:              # autograder.data_ptr(t) reads it
+                setattr(t, KERNEL_ADDRESS, address)
             self.mutables.append(t)
             return t
         if tag == "dt":

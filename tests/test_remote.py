@@ -238,6 +238,30 @@ def test_the_students_objects_stay_in_its_kernel():
     p.close()
 
 
+def test_a_tensor_from_the_kernel_carries_its_address_there():
+    """autograder.data_ptr: a test checks "a view, not a copy" and "allocated once" on the
+    addresses the kernel's tensors had there (lab 02's cache test); the tester's copies live
+    elsewhere. A tensor the tester made itself answers its own data_ptr()."""
+    p = Pair(student("class Buf:\n"
+                     "    def __init__(self):\n        self.k = torch.zeros(4, 3)\n"
+                     "    def view(self, n):\n        return self.k[:n]\n"
+                     "    def copy(self, n):\n        return self.k[:n].clone()\n"))
+    ns = p.run("import autograder as ag\nb = Buf()\nk = b.k\n"
+               "same = ag.data_ptr(b.view(2)) == ag.data_ptr(k)\n"
+               "copied = ag.data_ptr(b.copy(2)) == ag.data_ptr(k)\n"
+               "again = ag.data_ptr(b.k) == ag.data_ptr(k)\n"
+               "here = torch.ones(2)\nown = ag.data_ptr(here) == here.data_ptr()")
+    assert ns["same"] and ns["again"] and ns["own"]
+    assert not ns["copied"]
+    assert ns["k"].data_ptr() != ag_address(ns["k"])    # a copy, which knows where it came from
+    p.close()
+
+
+def ag_address(t):
+    from autograder.checks import KERNEL_ADDRESS
+    return getattr(t, KERNEL_ADDRESS)
+
+
 def test_only_the_solution_names_are_read_from_the_kernel():
     p = Pair(student("def f(x):\n    return x\nhelper = 3\n"))
     p.ns.student_names = frozenset({"f"})
@@ -308,8 +332,10 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
 
 
 @pytest.mark.parametrize("message", [
-    {"ok": {"t": ["float32", [1000], 0, "cpu"]}},              # 4 bytes for 1000 floats
-    {"ok": {"t": ["object", [1], 0, "cpu"]}},                  # no such dtype
+    {"ok": {"t": ["float32", [1000], 0, "cpu", 0]}},           # 4 bytes for 1000 floats
+    {"ok": {"t": ["object", [1], 0, "cpu", 0]}},               # no such dtype
+    {"ok": {"t": ["float32", [1], 0, "cpu", "here"]}},         # an address that is no int
+    {"ok": {"t": ["float32", [1], 0, "cpu"]}},                 # no address
     {"ok": {"zz": 1}},                                          # no such tag
     {"ok": {"L": [{"L": []}] * 3, "x": 1}},                     # two keys
     {"err": ["ValueError", "x" * 100_000]},                     # a long message is cut

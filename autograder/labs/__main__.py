@@ -5,8 +5,8 @@ and N times on its counter-example (unguarded, on one torch thread, as the grade
 the last K runs of each with a busy loop spinning on one core, and prints the ratios' range and
 median next to the threshold. With --solution it also measures the source notebook's own
 answer where the check names one (SpeedCheck.solution), guarded as a submission is. With
---tester the candidate runs in a process of its own that serves the check over a socket, and the
-check runs in a tester (autograder/tester.py), timing both processes' CPU, as in a lab whose
+--tester each candidate runs in a process of its own that serves the check over a socket, and
+the check runs in a tester (autograder/tester.py), timing both processes' CPU, as in a lab whose
 tests run in the tester. The ranges in autograder/README.md come from this command.
 """
 from __future__ import annotations
@@ -48,12 +48,16 @@ import sys, torch
 torch.set_num_threads(1)
 from autograder import remote
 from autograder.labs import speed_checks
-remote.serve(sys.argv[1], {"candidate": getattr(speed_checks()[sys.argv[2]], sys.argv[3])})
+from autograder.labs.solutions import notebook_solution
+lab, which = sys.argv[2], sys.argv[3]
+check = speed_checks()[lab]
+remote.serve(sys.argv[1], {"candidate": notebook_solution(check, lab) if which == "solution"
+                           else getattr(check, which)})
 """
 
 
 def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> list[float]:
-    """`measure` with the candidate (`which`: "reference" or "counter_example") in a process
+    """`measure` with the candidate (`which`: "reference", "counter_example" or "solution") in a process
     of its own and the check in a tester, one connection per run."""
     import os
     import tempfile
@@ -71,7 +75,8 @@ def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> li
                 answer = tester.test({"op": "test", "seq": i, "grade_id": which,
                                       "names": ["candidate"], "timeout": 600,
                                       "source": "ratios.append(check.ratio(candidate, "
-                                                "*check.fixture(), guarded=False).ratio)"},
+                                                "*check.fixture(), guarded="
+                                                f"{which == 'solution'}).ratio)"},
                                      Commands(never))
                 if not answer["ok"]:
                     raise RuntimeError(f"{lab} {which} in the tester: {answer['ename']}: "
@@ -108,7 +113,7 @@ def main(argv=None) -> int:
         row = {"grade_id": check.grade_id, "threshold": check.threshold}
         candidates = {"reference": (check.reference, False),
                       "counter_example": (check.counter_example, False)}
-        if args.solution and check.solution and not args.tester:
+        if args.solution and check.solution:
             candidates["solution"] = (notebook_solution(check, lab), True)
         ranges = {}
         for which, (fn, guarded) in candidates.items():

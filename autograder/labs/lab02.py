@@ -5,8 +5,9 @@ all T + 1 tokens through the model again; a cached loop runs ONE token through t
 reads the T cached keys and values. The deterministic half is graded exactly in the same
 notebook: `ag.WorkCounter` sees P + n - 1 tokens in n forward calls for the student's cached
 generation (`02_work_test`), and 1 token instead of T + 1 for one decode step (the visible part
-of `02_speed_test`). Time is graded as a ratio of medians measured interleaved in one process,
-on one torch thread:
+of `02_speed_test`). Time is graded as a ratio of medians of CPU time measured interleaved, on
+one torch thread (lab 02's tests run in the tester: the model runs there, the student's cache
+in the kernel, and both processes' CPU time counts):
 
     time(naive step: model(ids[:, :T + 1]))  /  time(cached step: model(next_id, cache=cache))
 
@@ -19,9 +20,10 @@ Why one step and not a whole generation: the speed-up of a whole generation grow
 number of new tokens n and reaches 10-15x only near n = 480, where the naive loop alone takes
 about 30 s of CPU time on one core; one step at a long context shows the same per-token gap in
 ~0.2 s (`minillm bench decode --prompt-len 32 --new-tokens 480 --repeats 1 --no-fused-step
---threads 1 --dtype float32 --cpu-time --json` compares whole generations). Why 4.0: well
-under the reference cache on a loaded machine, well over a step that ignores the cache (ranges:
-autograder/README.md).
+--threads 1 --dtype float32 --cpu-time --json` compares whole generations). Why 3.0: half the
+notebook's cache on a loaded machine, graded in the tester, where each layer's cached keys and
+values cross the socket (6.0-8.1), three times a step that ignores the cache (about 1.0; ranges:
+autograder/README.md). It was 4.0 while the tests ran in the kernel (the reference 12.4-13.2).
 
     from autograder.labs import lab02
     lab02.check_decode_speedup(StaticKVCache, model)   # AssertionError below the threshold
@@ -37,7 +39,7 @@ from autograder.timing import time_ratio
 from minillm.kvcache import KVCache
 
 CONTEXT = 384       # T: tokens already in the context when the timed token is produced
-THRESHOLD = 4.0     # required time(naive step) / time(cached step)
+THRESHOLD = 3.0     # required time(naive step) / time(cached step)
 WARMUP, REPEATS = 1, 5
 
 # captured at import (the grader imports autograder before student code runs)
@@ -98,6 +100,7 @@ SPEED_CHECK = SpeedCheck(
     disabled=("minillm.kvcache.KVCache.__init__", "minillm.kvcache.KVCache.update",
               "minillm.kvcache.KVCache.advance"),
     fixture=lambda: (shipped_model(),),
+    solution=("StaticKVCache", "02_cache"),
     hint="at a {context}-token context, a decode step with your cache was only {ratio:.2f}x "
          "faster than a naive step that re-runs the whole sequence (median {candidate_ms:.3g} ms "
          "vs {baseline_ms:.3g} ms over {runs} interleaved runs); a cached step runs one token "
