@@ -57,7 +57,8 @@ from nbgrader.preprocessors import Execute
 from traitlets import Any, Dict, Integer, Unicode
 
 REPORT_EXPRESSION = "__import__('autograder.sealed').sealed.report()"
-NO_DROP_CODE = "import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko"
+NO_DROP_CODE = ("import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko\n"
+                "import autograder.steady_malloc as _sm\n_sm.steady()\ndel _sm")
 IOPUB_TIMEOUT_MESSAGE = "Timeout waiting for IOPub output"     # nbclient's, raised on a late one
 INTERRUPTED_OUTPUT_S = 4     # an interrupted kernel that does not go idle by then is unresponsive
 

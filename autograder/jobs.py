@@ -344,7 +344,7 @@ def _seal(nb, tester: dict | None = None, socket_path: str = "") -> tuple:
             command = {"op": "setup", "grade_id": gid, "source": source}
         elif tester is not None:
             command = {"op": "test", "grade_id": gid, "source": source,
-                       "names": tester["names"],
+                       "names": tester["names"], "modules": tester.get("modules", "stand-in"),
                        "rebound": tester.get("rebound", {}).get(gid, [])}
             source = f"__import__('autograder.remote').remote.serve({socket_path!r})\n"
         table[key] = {"source": source, "grade_id": gid, "kind": kind,

@@ -12,8 +12,10 @@ What crosses, both ways, and how:
   torch tensors (CPU bytes, any dtype, shape checked against the bytes; one from the student's
   side carries the address it had there, for `autograder.data_ptr`), torch dtypes and
   devices, torch Generators (their state), SymPy expressions (as their trees,
-  autograder/remote_sympy.py); and, from the tester to the student's side only, the course's
-  dataclasses (a model's config) and `types.SimpleNamespace` records. Nothing is ever
+  autograder/remote_sympy.py), the course's dataclasses (a model's config, a layer's KVSpec;
+  rebuilt only if the class is one); and, from the tester to the student's side only,
+  `types.SimpleNamespace` records and, in a lab that says so, whole modules
+  (autograder/remote_objects.py). Nothing is ever
   unpickled: a message is JSON plus raw byte blobs (autograder/wire.py), capped at MAX_MESSAGE
   bytes, nested at most MAX_DEPTH deep;
 * in place: a list, dict, tensor or Generator passed as an argument comes back when the call
@@ -40,21 +42,31 @@ import numbers
 import socket
 import types
 
-from . import remote_sympy
+from . import remote_objects, remote_sympy
 
 # The guard the student's side enters around a call (`autograder.reference_disabled` there),
 # taken at import: the tester replaces its own copy by one that forwards here (tester.py).
 from .checks import KERNEL_ADDRESS
 from .checks import ReferenceGuard as _KernelGuard
 from .remote_copyback import copy_into, snapshot
-from .wire import MAX_ITEMS, MAX_MESSAGE, Disconnected, ProtocolError, _recv, _send
+from .wire import (
+    MAX_ITEMS,
+    MAX_MESSAGE,
+    Disconnected,
+    ProtocolError,
+    _int,
+    _list,
+    _pairs,
+    _recv,
+    _send,
+)
 
 __all__ = ["Endpoint", "Remote", "Exposed", "expose", "resident", "StudentError",
            "ProtocolError", "Disconnected", "MAX_MESSAGE", "serve"]
 
 MAX_DEPTH = 32                   # nesting of lists / dicts in one value
 MAX_TEXT = 4000                  # characters of an exception message that cross
-DATACLASS_PACKAGES = ("minillm",)   # configs that cross by value, to the student's side only
+DATACLASS_PACKAGES = ("minillm",)   # configs and specs that cross by value, both ways
 
 # exceptions that keep their type when they cross; anything else becomes StudentError
 BUILTIN_ERRORS = {e.__name__: e for e in (
@@ -112,6 +124,9 @@ class _Codec:
         self.blobs: list[bytes] = []
         self.mutables: list = []         # lists, dicts, tensors, generators: for copy-back
         self.count = 0
+        self.sent: dict[int, int] = {}   # objects copied whole (remote_objects): id -> index
+        self.alive: list = []
+        self.got: list = []
 
     # encoding
     def enc(self, v, depth: int = 0):
@@ -165,13 +180,15 @@ class _Codec:
             return {"sy": remote_sympy.encode(v, int, depth, ProtocolError)}
         if isinstance(v, Exposed):
             return {"h": self.ep.export(v.obj, call_only=True)}
-        if not self.ep.share_handles and dataclasses.is_dataclass(v) and \
-                not isinstance(v, type) and type(v).__module__.split(".")[0] in DATACLASS_PACKAGES:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type) and \
+                type(v).__module__.split(".")[0] in DATACLASS_PACKAGES:
             return {"dc": [type(v).__module__, type(v).__qualname__,
                            [[f.name, self.enc(getattr(v, f.name), depth + 1)]
                             for f in dataclasses.fields(v)]]}
         if type(v) is types.SimpleNamespace and not self.ep.share_handles:
             return {"ns": [[str(k), self.enc(x, depth + 1)] for k, x in vars(v).items()]}
+        if self.ep.copy_modules and not self.ep.share_handles and remote_objects.copies(v):
+            return remote_objects.encode(self, v, depth)
         if isinstance(v, torch.nn.Module) and not self.ep.share_handles:
             p = next(iter(v.parameters()), None)
             return {"m": [self.ep.export(v, call_only=True),
@@ -260,15 +277,20 @@ class _Codec:
             return Remote(self.ep, _int(x))
         if tag == "sy":
             return remote_sympy.decode(x, ProtocolError)
-        if tag in ("dc", "m", "ns") and not self.ep.share_handles:
+        if tag in ("m", "ns", "M", "O", "P", "or") and not self.ep.share_handles:
             raise ProtocolError("the student's side sent an object the tester does not accept")
-        if tag == "dc":                          # the tester's config, in the student's kernel
+        if tag in ("M", "O", "P", "or"):         # the tester's module, copied (remote_objects)
+            return remote_objects.decode(self, tag, x, depth)
+        if tag == "dc":                          # a config or a spec of the course, either way
             module, qualname, fields = _list(x, 3)
-            if str(module).split(".")[0] not in DATACLASS_PACKAGES:
+            if type(module) is not str or module.split(".")[0] not in DATACLASS_PACKAGES:
                 raise ProtocolError(f"a dataclass of {str(module)[:40]}")
             cls = importlib.import_module(module)
             for part in str(qualname).split("."):
-                cls = getattr(cls, part)
+                cls = getattr(cls, part, None)
+            if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)
+                    and cls.__module__ == module):   # never any other callable
+                raise ProtocolError(f"not a dataclass: {module[:40]}.{str(qualname)[:40]}")
             return cls(**{str(k): self.dec(v, depth + 1) for k, v in _pairs(fields)})
         if tag == "ns":                          # a test's SimpleNamespace, by value
             fields = {}
@@ -293,31 +315,16 @@ class _Codec:
         return self.blobs[i]
 
 
-def _list(x, n: int | None = None) -> list:
-    if type(x) is not list or (n is not None and len(x) != n):
-        raise ProtocolError("malformed message")
-    return x
-
-
-def _pairs(x) -> list:
-    return [_list(p, 2) for p in _list(x)]
-
-
-def _int(x) -> int:
-    if type(x) is not int:
-        raise ProtocolError("malformed message")
-    return x
-
-
 # --- the two ends ---------------------------------------------------------------------------------
 class Endpoint:
     """One end of the connection. `share_handles`: objects that cannot cross by value cross as
     handles (the student's side); the tester's side shares only what it wraps with `expose`."""
 
     def __init__(self, sock: socket.socket, *, share_handles: bool, namespace=None,
-                 keep_devices: bool = True):
+                 keep_devices: bool = True, copy_modules: bool = False):
         self.sock = sock
         self.share_handles = share_handles
+        self.copy_modules = copy_modules        # modules cross whole (remote_objects)
         self.namespace = namespace              # the student's globals (student side only)
         self.keep_devices = keep_devices
         self.objects: dict[int, object] = {}
@@ -549,6 +556,9 @@ class Remote:
                 yield self._ep.request("next", it._id)
             except StopIteration:
                 return
+
+    def __next__(self):
+        return self._ep.request("next", self._id)
 
     def __contains__(self, item):
         return self._ep.request("contains", self._id, item)

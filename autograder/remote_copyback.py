@@ -6,11 +6,15 @@ The serving side takes a `snapshot` of each such argument before the call and as
 afterwards whether the argument still `holds` the same: a list or dict by the identity of its
 items (kept alive by the snapshot, so no new item can take an old one's address; the lists,
 dicts and tensors inside it are arguments of their own, compared by content), a tensor by its
-dtype, shape, device and a copy of its values, a Generator by its state. The caller then
-`copy_into` its own object what came back.
+dtype, shape, device and a copy of its values, a Generator by its state, a module copied whole
+(autograder/remote_objects.py) by the identity of its parts (its parameters' values are
+arguments of their own; another course object it holds, scratch space for its forward pass,
+is not compared). The caller then `copy_into` its own object what came back: a module
+whose parts were replaced cannot be, and the call fails saying so.
 """
 from __future__ import annotations
 
+from . import remote_objects
 from .wire import ProtocolError
 
 __all__ = ["snapshot", "copy_into"]
@@ -22,6 +26,8 @@ def snapshot(m):
         return _Items(list(m))
     if type(m) is dict:
         return _Items([x for item in m.items() for x in item])
+    if remote_objects.copies(m):
+        return _Parts(m) if remote_objects.is_module(m) else _Scratch()
     return _Contents(m)
 
 
@@ -35,6 +41,30 @@ class _Items:
     def holds(self, m) -> bool:
         now = list(m) if type(m) is list else [x for item in m.items() for x in item]
         return len(now) == len(self.items) and all(x is y for x, y in zip(now, self.items))
+
+
+class _Scratch:
+    """A copied course object that is not a module (cla.SharedKV: what a forward pass leaves
+    for the next layer): running the model changes it, and nothing is compared."""
+    __slots__ = ()
+
+    def holds(self, m) -> bool:
+        return True
+
+
+class _Parts:
+    """A copied module's (or course object's) parts by name, compared by identity."""
+    __slots__ = ("parts",)
+
+    def __init__(self, m):
+        self.parts = remote_objects.parts(m)
+
+    def holds(self, m) -> bool:
+        now = remote_objects.parts(m)
+        return len(now) == len(self.parts) and all(
+            k == k0 and (x is x0 or (type(x) in (bool, int, float, str) and type(x) is type(x0)
+                                    and x == x0))
+            for (k, x), (k0, x0) in zip(now, self.parts))
 
 
 class _Contents:
@@ -69,6 +99,11 @@ def copy_into(dest, new) -> None:
             dest.clear()
             dest.update(new)
         return
+    if remote_objects.copies(dest):
+        raise ValueError(f"the student's code changed the {type(dest).__name__} it was given in "
+                         "place: it replaced a layer, a weight or an attribute such as its config "
+                         "(new values in its weights are copied back, new parts cannot be); "
+                         "build a new object instead of changing the one you were given")
     if isinstance(dest, torch.Generator):
         if not isinstance(new, torch.Generator):
             raise ProtocolError("a generator came back as something else")

@@ -32,7 +32,7 @@ import socket
 import sys
 import time
 
-from . import remote
+from . import remote, steady_malloc
 from .sandbox_cpu import SandboxMeter, UnaccountedWork, cpu_clock
 
 MAX_STDOUT = 100_000         # characters of a test's own printing that are kept
@@ -66,6 +66,7 @@ class Tester:
         self.listener.bind(socket_path)
         self.listener.listen(1)
         self.meter: SandboxMeter | None = None     # the connected kernel's CPU time
+        steady_malloc.steady()      # the same work costs the same here and in the kernel
         _forward_reference_guard(self.ns)
         _time_the_kernel_too(self)
 
@@ -122,7 +123,8 @@ class Tester:
             self.meter = None       # the speed checks then refuse to run: a candidate whose
             print(f"tester: cannot read the kernel's CPU time: {e}",   # work went uncounted
                   file=sys.stderr)                                    # would look free
-        ep = remote.Endpoint(conn, share_handles=False)
+        ep = remote.Endpoint(conn, share_handles=False,
+                             copy_modules=cmd.get("modules") == "copy")
         self.ns.endpoint = remote.CURRENT = ep
         self.ns.student_names = frozenset(cmd.get("names", []))
         for name in cmd.get("rebound", []):     # the kernel holds the newer value

@@ -75,3 +75,20 @@ def _recv(sock: socket.socket) -> tuple[dict, list[bytearray]]:
             raise ProtocolError(f"a message over the {MAX_MESSAGE >> 20} MB limit")
         blobs.append(_recv_exact(sock, size))
     return message, blobs
+
+
+# --- reading a decoded message's parts ------------------------------------------------------
+def _list(x, n: int | None = None) -> list:
+    if type(x) is not list or (n is not None and len(x) != n):
+        raise ProtocolError("malformed message")
+    return x
+
+
+def _pairs(x) -> list:
+    return [_list(p, 2) for p in _list(x)]
+
+
+def _int(x) -> int:
+    if type(x) is not int:
+        raise ProtocolError("malformed message")
+    return x

@@ -39,8 +39,7 @@ MAX_SECONDS = 180           # a lab runs top to bottom in under 3 minutes on 2 C
 # Labs whose (a), (b) and (c) are also judged by the values their tests show the grader
 # (autograder/judge.py), and the autograded cells of each that show none: each costs one more run
 # of its source notebook (the reference run), and (a) must match that second, independent run.
-JUDGED_BY_VALUES = {"03_shrinking_kv": {"03_mla_speed_test"},
-                    "04_quantization": {"04_speed_test"},
+JUDGED_BY_VALUES = {"04_quantization": {"04_speed_test"},
                     "05_speculative": {"05_exact_test", "05_speed_test"},   # 05_exact: statistics
                     "07_paged_attention": {"07_speed_test"},
                     "08_pruning_distillation": set(),

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 class Pair:
     """A tester endpoint here, a student endpoint serving `namespace` in a thread."""
 
-    def __init__(self, namespace: dict):
+    def __init__(self, namespace: dict, copy_modules: bool = False):
         a, b = socket.socketpair()
         self.student = remote.Endpoint(b, share_handles=True, namespace=namespace)
         self.errors: list[BaseException] = []
@@ -31,7 +31,7 @@ class Pair:
         self.thread.start()
         self.ns = Namespace()
         self.ns["torch"] = torch            # as the lab's setup cell binds it in the tester
-        self.ns.endpoint = remote.Endpoint(a, share_handles=False)
+        self.ns.endpoint = remote.Endpoint(a, share_handles=False, copy_modules=copy_modules)
         self.ns.student_names = frozenset(namespace)
 
     def _serve(self):
@@ -262,6 +262,64 @@ def ag_address(t):
     return getattr(t, KERNEL_ADDRESS)
 
 
+def _tiny(**kw):
+    from minillm.config import ModelConfig
+    from minillm.model import Transformer
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(vocab_size=31, dim=16, n_layers=4, n_heads=2, head_dim=8,
+                                   hidden_dim=24, max_seq_len=32, **kw)).eval()
+
+
+def test_a_lab_that_copies_modules_sends_the_whole_model():
+    """remote_objects: in a "copy" lab the student's code gets the model itself (layers,
+    windows, weights, shared parts shared again), runs it there, and returns its own objects
+    as handles; configs and specs come back by value."""
+    from minillm.attention import to_cla, to_sliding
+    from minillm.kvcache import KVSpec, layer_specs
+    p = Pair(student("from minillm.kvcache import layer_specs\n"
+                     "def look(m):\n"
+                     "    tied = m.lm_head.weight is m.embed_tokens.weight\n"
+                     "    shared = [id(l.self_attn.shared) for l in m.layers"
+                     " if hasattr(l.self_attn, 'shared')]\n"
+                     "    return [tied, len(set(shared)), [l.self_attn.window for l in m.layers],"
+                     " type(m).__name__]\n"
+                     "def run(m, ids):\n    with torch.no_grad():\n        return m(ids)\n"
+                     "def half(m):\n    import copy\n    m2 = copy.deepcopy(m)\n"
+                     "    m2.layers = m2.layers[:2]\n    return m2\n"), copy_modules=True)
+    model = to_cla(_tiny(tie_embeddings=True), 2)
+    hybrid = to_sliding(_tiny(), 5, global_every=2)
+    ids = torch.randint(0, 31, (2, 9), generator=torch.Generator().manual_seed(1))
+    p.ns.update(model=model, hybrid=hybrid, ids=ids, layer_specs=layer_specs)
+    ns = p.run("seen = look(model)\nout = run(model, ids)\nh = half(hybrid)\n"
+               "cfg = h.config\nspecs = layer_specs(h)\nfirst = next(h.parameters())\n"
+               "windows = look(hybrid)[2]")
+    assert ns["seen"] == [True, 2, [None] * 4, "Transformer"] and ns["windows"] == [5, None] * 2
+    with torch.no_grad():
+        assert torch.allclose(ns["out"], model(ids), atol=1e-6)
+    assert isinstance(ns["h"], remote.Remote) and ns["cfg"] == hybrid.config
+    assert ns["specs"] == layer_specs(hybrid)[:2] and all(type(s) is KVSpec for s in ns["specs"])
+    assert torch.equal(ns["first"], next(hybrid.parameters()))
+    p.close()
+
+
+def test_a_copied_model_changed_in_place_comes_back_or_fails():
+    """New weight values come back into the tester's parameters; a replaced layer cannot come
+    back, and the call fails saying so."""
+    p = Pair(student("def scale(m):\n    with torch.no_grad():\n"
+                     "        m.layers[0].self_attn.k_proj.weight.mul_(2)\n"
+                     "def swap(m):\n    m.layers[1].self_attn.k_proj = torch.nn.Linear(16, 16)\n"
+                     "def rename(m):\n    m.config = None\n"), copy_modules=True)
+    model = _tiny()
+    before = model.layers[0].self_attn.k_proj.weight.clone()
+    p.ns["model"] = model
+    p.run("scale(model)")
+    assert torch.equal(model.layers[0].self_attn.k_proj.weight, 2 * before)
+    for call in ("swap(model)", "rename(model)"):
+        with pytest.raises(ValueError, match="changed the (Attention|Transformer) it was given"):
+            p.run(call)
+    p.close()
+
+
 def test_only_the_solution_names_are_read_from_the_kernel():
     p = Pair(student("def f(x):\n    return x\nhelper = 3\n"))
     p.ns.student_names = frozenset({"f"})
@@ -317,7 +375,7 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
         cell("measured = scale(2)\nfor i in range(3):\n    pass")])
     assert tester_plan(nb) is None
     nb.metadata["autograder"] = {"tests": "tester"}
-    assert tester_plan(nb) == {"names": ["i", "measured", "scale"], "rebound": {}}
+    assert tester_plan(nb) == {"names": ["i", "measured", "scale"], "rebound": {}, "modules": "stand-in"}
     # a name a locked test cell binds (it runs in the tester) and a free cell binds again later
     # (in the kernel): a later test that reads it reads the kernel's, as in one kernel (lab 01's
     # `intensity`, a SymPy expression in one test, the measured list after)
@@ -336,6 +394,10 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
     {"ok": {"t": ["object", [1], 0, "cpu", 0]}},               # no such dtype
     {"ok": {"t": ["float32", [1], 0, "cpu", "here"]}},         # an address that is no int
     {"ok": {"t": ["float32", [1], 0, "cpu"]}},                 # no address
+    {"ok": {"M": ["torch.nn", "Linear", True, [], [], [], [], []]}},   # a module: never
+    {"ok": {"or": 0}},
+    {"ok": {"dc": ["minillm.kvcache", "torch.load", []]}},     # not a dataclass
+    {"ok": {"dc": ["os", "system", []]}},
     {"ok": {"zz": 1}},                                          # no such tag
     {"ok": {"L": [{"L": []}] * 3, "x": 1}},                     # two keys
     {"err": ["ValueError", "x" * 100_000]},                     # a long message is cut

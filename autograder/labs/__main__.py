@@ -21,6 +21,7 @@ import time
 
 from autograder.labs import speed_checks
 from autograder.labs.solutions import notebook_solution
+from autograder.steady_malloc import steady
 
 
 @contextlib.contextmanager
@@ -46,6 +47,8 @@ def measure(check, candidate, runs: int, loaded: int, guarded: bool = False) -> 
 KERNEL = """
 import sys, torch
 torch.set_num_threads(1)
+from autograder.steady_malloc import steady
+steady()                        # as a graded kernel does
 from autograder import remote
 from autograder.labs import speed_checks
 from autograder.labs.solutions import notebook_solution
@@ -62,7 +65,12 @@ def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> li
     import os
     import tempfile
 
+    import nbformat
+
+    from autograder.labs.solutions import lab_notebook
     from autograder.tester import Commands, Tester
+    from autograder.tester_plan import modules_mode
+    modules = modules_mode(nbformat.read(str(lab_notebook(lab)), as_version=4))
     folder = tempfile.mkdtemp(prefix="speedcheck_")
     path = os.path.join(folder, "tester.sock")
     tester = Tester(path)
@@ -73,7 +81,7 @@ def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> li
             kernel = subprocess.Popen([sys.executable, "-c", KERNEL, path, lab, which])
             try:
                 answer = tester.test({"op": "test", "seq": i, "grade_id": which,
-                                      "names": ["candidate"], "timeout": 600,
+                                      "names": ["candidate"], "timeout": 600, "modules": modules,
                                       "source": "ratios.append(check.ratio(candidate, "
                                                 "*check.fixture(), guarded="
                                                 f"{which == 'solution'}).ratio)"},
@@ -103,6 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tester", action="store_true",
                     help="run each candidate in a process of its own, the check in a tester")
     args = ap.parse_args(argv)
+    steady()                    # as the grader's kernels and tester do (autograder/steady_malloc.py)
     checks = speed_checks()
     unknown = [lab for lab in args.labs if lab not in checks]
     if unknown:

@@ -22,7 +22,7 @@ about 30 s of CPU time on one core; one step at a long context shows the same pe
 ~0.2 s (`minillm bench decode --prompt-len 32 --new-tokens 480 --repeats 1 --no-fused-step
 --threads 1 --dtype float32 --cpu-time --json` compares whole generations). Why 3.0: half the
 notebook's cache on a loaded machine, graded in the tester, where each layer's cached keys and
-values cross the socket (6.0-8.1), three times a step that ignores the cache (about 1.0; ranges:
+values cross the socket (6.0-8.8), three times a step that ignores the cache (about 1.0; ranges:
 autograder/README.md). It was 4.0 while the tests ran in the kernel (the reference 12.4-13.2).
 
     from autograder.labs import lab02

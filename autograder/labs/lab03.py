@@ -8,7 +8,10 @@ the latents: about S * N * (2C + R) multiply-adds. Both give the same output.
 
 The deterministic half is graded exactly in the same notebook: the outputs of naive and absorbed
 agree (`03_mla_absorbed_test`) and the multiply-add counts of the two steps (`03_mla_macs_test`).
-Time is graded as a ratio of medians measured interleaved in one process, on one torch thread:
+Time is graded as a ratio of medians of CPU time measured interleaved, on one torch thread
+(lab 03's tests run in the tester: the baseline runs there, the student's step in the kernel, on
+a copy of the layer and inputs sent once with `autograder.remote.resident`, and both processes'
+CPU time counts):
 
     time(MLAAttention.attend_naive, S cached positions) / time(student's absorbed step)
 
@@ -32,6 +35,7 @@ import torch
 
 from autograder.checks import assert_close
 from autograder.labs.speedcheck import SpeedCheck
+from autograder.remote import resident
 from autograder.timing import time_ratio
 from minillm.attention.mla import MLAAttention
 from minillm.config import ModelConfig
@@ -101,9 +105,11 @@ def absorbed_ratio(absorbed_fn, guard, *, seq: int, latent: int, warmup: int = W
         def baseline():
             library_naive(attn, q_nope, q_rope, c, k_rope)
 
+        kept = resident([attn, q_nope, q_rope, c, k_rope])   # sent to the kernel once
+
         def candidate():
             with guard:
-                absorbed_fn(attn, q_nope, q_rope, c, k_rope)
+                absorbed_fn(*kept)
 
         return time_ratio(baseline, candidate, warmup=warmup, repeats=repeats)
 
@@ -112,6 +118,7 @@ SPEED_CHECK = SpeedCheck(
     grade_id="03_mla_speed_test", threshold=THRESHOLD, measure=absorbed_ratio,
     reference=library_absorbed, counter_example=library_naive,
     workload=dict(seq=SEQ, latent=LATENT),
+    solution=("mla_attend_absorbed", "03_mla_absorbed"),
     disabled=("minillm.attention.mla.MLAAttention.attend_naive",
               "minillm.attention.mla.MLAAttention.attend_absorbed"),
     hint="with {seq} cached positions your absorbed MLA step was only {ratio:.2f}x faster than "
