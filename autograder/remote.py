@@ -27,8 +27,9 @@ What crosses, both ways, and how:
   reads, len, iter, repr, bool;
 * callbacks: an object the tester passes with `expose(obj)` (the model, so that the tester
   counts its forward passes and times them) is a handle in the student's kernel that can only be
-  called, with arguments and results by value. The student's kernel can reach nothing else of
-  the tester: no attribute, no module, no globals.
+  called, with arguments and results by value; one passed with `shared(obj)` (lab 05's cache)
+  also lets the kernel call its public methods (functions of its class, not properties). The
+  student's kernel can reach nothing else of the tester: no attribute, no module, no globals.
 
 An exception in the student's code comes back as the same built-in type (ValueError,
 AssertionError, ...) with its message, or as `StudentError` for any other type.
@@ -61,7 +62,7 @@ from .wire import (
     _send,
 )
 
-__all__ = ["Endpoint", "Remote", "Exposed", "expose", "resident", "StudentError",
+__all__ = ["Endpoint", "Remote", "Exposed", "expose", "shared", "resident", "StudentError",
            "ProtocolError", "Disconnected", "MAX_MESSAGE", "serve"]
 
 MAX_DEPTH = 32                   # nesting of lists / dicts in one value
@@ -88,16 +89,31 @@ def _dtypes():
 
 
 class Exposed:
-    """An object of the tester that the student's kernel may call, and nothing more."""
-    __slots__ = ("obj",)
+    """An object of the tester that the student's kernel may call, and nothing more (with
+    `methods`: it may also call the object's public methods; `model`: it crosses as a stand-in
+    module)."""
+    __slots__ = ("obj", "methods", "model")
 
-    def __init__(self, obj):
-        self.obj = obj
+    def __init__(self, obj, methods: bool = False, model: bool = False):
+        self.obj, self.methods, self.model = obj, methods, model
 
 
 def expose(obj) -> Exposed:
     """Wrap `obj` so that it crosses as a call-only handle instead of by value."""
     return Exposed(obj)
+
+
+def shared(obj):
+    """`obj` passed to the student's code as a handle on the tester's own object, so that what
+    the student's calls do with it is done here: a model crosses as a stand-in whose passes
+    run here (never copied, in any lab); any other object as a handle whose public methods the
+    kernel may call (a cache the tester's model fills, a drafter). With the tests in the kernel
+    (no tester), `obj` itself."""
+    if CURRENT is None:
+        return obj
+    import torch
+    model = isinstance(obj, torch.nn.Module)
+    return Exposed(obj, methods=not model, model=model)
 
 
 CURRENT: "Endpoint | None" = None    # the tester's connection while a test runs (tester.py)
@@ -179,7 +195,8 @@ class _Codec:
         if remote_sympy.is_sympy(v):
             return {"sy": remote_sympy.encode(v, int, depth, ProtocolError)}
         if isinstance(v, Exposed):
-            return {"h": self.ep.export(v.obj, call_only=True)}
+            return self._stand_in(v.obj, depth) if v.model else \
+                {"h": self.ep.export(v.obj, call_only=True, methods=v.methods)}
         if dataclasses.is_dataclass(v) and not isinstance(v, type) and \
                 type(v).__module__.split(".")[0] in DATACLASS_PACKAGES:
             return {"dc": [type(v).__module__, type(v).__qualname__,
@@ -190,17 +207,22 @@ class _Codec:
         if self.ep.copy_modules and not self.ep.share_handles and remote_objects.copies(v):
             return remote_objects.encode(self, v, depth)
         if isinstance(v, torch.nn.Module) and not self.ep.share_handles:
-            p = next(iter(v.parameters()), None)
-            return {"m": [self.ep.export(v, call_only=True),
-                          self.enc(getattr(v, "config", None), depth + 1),
-                          str(p.device) if p is not None else "cpu",
-                          str(p.dtype).removeprefix("torch.") if p is not None else "float32"]}
+            return self._stand_in(v, depth)
         if self.ep.share_handles:
             return {"h": self.ep.export(v)}
         if callable(v):                          # the tester's model, a function of the test
             return {"h": self.ep.export(v, call_only=True)}
         raise ProtocolError(f"a {type(v).__name__} cannot be sent to the student's code: pass "
                             "plain values, tensors, or expose(obj)")
+
+    def _stand_in(self, v, depth: int):
+        """The tester's model `v` as a stand-in module (remote_objects.stand_in)."""
+        p = next(iter(v.parameters()), None)
+        return {"m": [self.ep.export(v, call_only=True),
+                      self.enc(getattr(v, "config", None), depth + 1),
+                      str(p.device) if p is not None else "cpu",
+                      str(p.dtype).removeprefix("torch.") if p is not None else "float32",
+                      self.enc(remote_objects.specs_of(v), depth + 1)]}
 
     # decoding
     def dec(self, d, depth: int = 0):
@@ -300,10 +322,11 @@ class _Codec:
                 fields[k] = self.dec(v, depth + 1)
             return types.SimpleNamespace(**fields)
         if tag == "m":                           # the tester's model: a stand-in module here
-            h, config, device, dtype = _list(x, 4)
-            return _stand_in(Remote(self.ep, _int(h)), self.dec(config, depth + 1),
-                             str(device) if self.ep.keep_devices else "cpu",
-                             _dtypes().get(dtype, torch.float32))
+            h, config, device, dtype, specs = _list(x, 5)
+            return remote_objects.stand_in(Remote(self.ep, _int(h)), self.dec(config, depth + 1),
+                                           str(device) if self.ep.keep_devices else "cpu",
+                                           _dtypes().get(dtype, torch.float32),
+                                           self.dec(specs, depth + 1))
         if tag == "yours":
             return self.ep.local(_int(x))
         raise ProtocolError(f"unknown tag {str(tag)[:20]}")
@@ -329,16 +352,19 @@ class Endpoint:
         self.keep_devices = keep_devices
         self.objects: dict[int, object] = {}
         self.call_only: set[int] = set()
+        self.with_methods: set[int] = set()    # call-only objects whose methods may be called
         self.disabled: list[str] = []           # references the student's calls run without
         self.guards: dict[tuple, object] = {}   # (student's side) a guard per list of them
         self.done = False
 
     # objects that stay on this side
-    def export(self, obj, call_only: bool = False) -> int:
+    def export(self, obj, call_only: bool = False, methods: bool = False) -> int:
         i = len(self.objects) + 1
         self.objects[i] = obj
         if call_only:
             self.call_only.add(i)
+        if methods:
+            self.with_methods.add(i)
         return i
 
     def local(self, i: int):
@@ -445,6 +471,10 @@ class Endpoint:
                     return fn(*a, **kw)
             return fn(*a, **kw)
         if h in self.call_only:
+            name = str(args[0]) if op == "getattr" and args else "_"
+            if h in self.with_methods and not name.startswith("_") and \
+                    isinstance(getattr(type(target), name, None), types.FunctionType):
+                return getattr(target, name)     # a bound method: crosses call-only
             raise PermissionError("the grader's objects can only be called")
         if op == "getattr":
             return getattr(target, str(args[0]))
@@ -471,30 +501,6 @@ class Endpoint:
         if op == "contains":
             return args[0] in target
         raise ProtocolError(f"unknown request {str(op)[:20]}")
-
-
-def _stand_in(remote: Remote, config, device: str, dtype):
-    """The tester's model as the student's code sees it: a torch module with the model's
-    `config` and one empty parameter on the model's device and dtype (so `model.parameters()`
-    says where inputs go), whose forward runs the tester's model: the tester counts and times
-    every call, and the student's kernel never holds the weights it would need to fake one."""
-    import torch
-
-    class StandIn(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.config = config
-            self.anchor = torch.nn.Parameter(torch.empty(0, device=device, dtype=dtype),
-                                             requires_grad=False)
-            object.__setattr__(self, "_remote", remote)
-
-        def forward(self, *args, **kwargs):
-            return self._remote(*args, **kwargs)
-
-        def extra_repr(self) -> str:
-            return "the grader's model, run by the tester"
-
-    return StandIn()
 
 
 class _Iterator:

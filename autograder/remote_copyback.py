@@ -26,7 +26,7 @@ def snapshot(m):
         return _Items(list(m))
     if type(m) is dict:
         return _Items([x for item in m.items() for x in item])
-    if remote_objects.copies(m):
+    if remote_objects.whole(m):
         return _Parts(m) if remote_objects.is_module(m) else _Scratch()
     return _Contents(m)
 
@@ -99,7 +99,7 @@ def copy_into(dest, new) -> None:
             dest.clear()
             dest.update(new)
         return
-    if remote_objects.copies(dest):
+    if remote_objects.whole(dest):
         raise ValueError(f"the student's code changed the {type(dest).__name__} it was given in "
                          "place: it replaced a layer, a weight or an attribute such as its config "
                          "(new values in its weights are copied back, new parts cannot be); "

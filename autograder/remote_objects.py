@@ -2,13 +2,16 @@
 whose tests hand the student's code a model or a layer to read, convert or run itself
 (`{"autograder": {"tests": "tester", "modules": "copy"}}` in its source notebook's metadata).
 
-By default the tester's model crosses as a stand-in whose forward runs in the tester (so the
-tester counts and times its passes). In "copy" labs the student's functions take a model apart
-instead (lab 03 pools its key/value heads, reads its layers' windows), so a `torch.nn.Module`
-crosses whole, by value: its class (one of `minillm`'s or `torch`'s), its plain attributes,
-its parameters and buffers (as tensors), its submodules; and an object of a `minillm` class
-that a module holds (cla.SharedKV) crosses the same way. What one message holds twice (a
-submodule two layers share, tied embedding weights) arrives once and is shared again.
+By default the tester's model crosses as a stand-in (`stand_in`) whose forward runs in the
+tester, so the tester counts and times its passes. In "copy" labs the student's functions take
+a model apart instead (lab 03 pools its key/value heads, reads its layers' windows; lab 05's
+drafter packs a small model's weights), so a `torch.nn.Module` crosses whole, by value: its
+class (one of `minillm`'s or `torch`'s), its plain attributes, its parameters and buffers (as
+tensors), its submodules; an object of a course class (`minillm`'s, or a lab module's such as
+lab 05's OracleDrafter; cla.SharedKV inside a model) crosses the same way. What one message
+holds twice (a submodule two layers share, tied embedding weights) arrives once and is shared
+again. A model that a `WorkCounter` is counting when it crosses goes as a stand-in even in a
+"copy" lab: the test counts its passes, so they must run in the tester.
 
 Only the tester sends objects this way: the student's side refuses nothing it gets from the
 tester, and the tester refuses these tags from the student's side (its objects stay handles).
@@ -25,9 +28,11 @@ import importlib
 
 from .wire import ProtocolError, _list, _pairs
 
-__all__ = ["COPY_PACKAGES", "copies", "is_module", "encode", "decode", "parts"]
+__all__ = ["COPY_PACKAGES", "copies", "whole", "encode", "decode", "parts", "specs_of",
+           "stand_in"]
 
-COPY_PACKAGES = ("minillm", "torch")     # the classes whose objects cross by value
+COPY_PACKAGES = ("minillm", "torch", "autograder")   # the classes whose objects cross whole
+COPY_OBJECTS = ("minillm", "autograder")  # ... of which plain objects (not modules)
 
 
 @functools.cache
@@ -37,15 +42,23 @@ def _internals() -> frozenset:
     return frozenset(vars(torch.nn.Module()))
 
 
-def copies(v) -> bool:
-    """Whether `v` crosses by value in a "copy" lab: a module, or an object of a course class
-    with plain attributes (not a class, function or module object)."""
+def whole(v) -> bool:
+    """Whether `v` is what crosses whole in a "copy" lab: a module, or an object of a course
+    class with plain attributes (not a class or a function)."""
     import torch
     if isinstance(v, torch.nn.Module):
         return True
     cls = type(v)
-    return cls.__module__.split(".")[0] == "minillm" and hasattr(v, "__dict__") and \
+    return cls.__module__.split(".")[0] in COPY_OBJECTS and hasattr(v, "__dict__") and \
         not isinstance(v, type) and not callable(v)
+
+
+def copies(v) -> bool:
+    """Whether the tester sends `v` whole: `whole(v)`, unless `v` is a model that a
+    `WorkCounter` of the test is counting, which crosses as a stand-in (`stand_in`) so that
+    its forward passes run, and are counted, in the tester."""
+    from minillm.timing import WorkCounter
+    return whole(v) and not WorkCounter.counting(v)
 
 
 def is_module(v) -> bool:
@@ -80,7 +93,8 @@ def encode(codec, v, depth: int):
     cls = type(v)
     if cls.__module__.split(".")[0] not in COPY_PACKAGES:
         raise ProtocolError(f"a {cls.__qualname__} of {cls.__module__} cannot be copied to the "
-                            "student's code: only minillm's and torch's modules cross whole")
+                            "student's code: only minillm's and torch's modules and the "
+                            "course's objects cross whole")
     codec.mutables.append(v)             # registered before its parts, as decode does
     if not isinstance(v, torch.nn.Module):
         return {"O": [cls.__module__, cls.__qualname__,
@@ -149,3 +163,60 @@ def decode(codec, tag: str, x, depth: int):
     for k, v in _pairs(children):
         m._modules[str(k)] = None if v is None else codec.dec(v, depth + 1)
     return m
+
+
+def specs_of(model) -> list | None:
+    """What each layer of the tester's `model` caches (minillm.kvcache.layer_specs), for its
+    stand-in; None for a model without such layers."""
+    from minillm.kvcache import layer_specs
+    try:
+        return layer_specs(model)
+    except (AttributeError, TypeError):
+        return None
+
+
+def stand_in(remote, config, device: str, dtype, specs=None):
+    """The tester's model as the student's code sees it: a torch module with the model's
+    `config`, one empty parameter on the model's device and dtype (so `model.parameters()`
+    says where inputs go) and, with `specs`, one stand-in layer per layer whose
+    `self_attn.kv_spec()` says what it caches (so `KVCache.for_model` can shape a cache for
+    it), whose forward runs the tester's model: the tester counts and times every call, and
+    the student's kernel never holds the weights it would need to fake one."""
+    import torch
+
+    class StandInAttention(torch.nn.Module):
+        def __init__(self, spec):
+            super().__init__()
+            self.spec, self.window = spec, getattr(spec, "window", None)
+
+        def kv_spec(self):
+            return self.spec
+
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("a stand-in for a layer of the grader's model: the grader runs "
+                               "the model's passes; call the model itself")
+
+    class StandInLayer(torch.nn.Module):
+        def __init__(self, spec):
+            super().__init__()
+            self.self_attn = StandInAttention(spec)
+
+        forward = StandInAttention.forward
+
+    class StandIn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = config
+            self.anchor = torch.nn.Parameter(torch.empty(0, device=device, dtype=dtype),
+                                             requires_grad=False)
+            if specs is not None:
+                self.layers = torch.nn.ModuleList(StandInLayer(s) for s in specs)
+            object.__setattr__(self, "_remote", remote)
+
+        def forward(self, *args, **kwargs):
+            return self._remote(*args, **kwargs)
+
+        def extra_repr(self) -> str:
+            return "the grader's model, run by the tester"
+
+    return StandIn()

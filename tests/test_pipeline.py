@@ -40,7 +40,6 @@ MAX_SECONDS = 180           # a lab runs top to bottom in under 3 minutes on 2 C
 # (autograder/judge.py), and the autograded cells of each that show none: each costs one more run
 # of its source notebook (the reference run), and (a) must match that second, independent run.
 JUDGED_BY_VALUES = {"04_quantization": {"04_speed_test"},
-                    "05_speculative": {"05_exact_test", "05_speed_test"},   # 05_exact: statistics
                     "07_paged_attention": {"07_speed_test"},
                     "08_pruning_distillation": set(),
                     DUMMY: {"99_asset_test"}}

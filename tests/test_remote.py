@@ -320,6 +320,50 @@ def test_a_copied_model_changed_in_place_comes_back_or_fails():
     p.close()
 
 
+def test_a_counted_model_crosses_as_a_stand_in_even_in_a_copy_lab():
+    """A model a WorkCounter counts runs its passes in the tester (lab 05's work test); the
+    same model uncounted crosses whole."""
+    p = Pair(student("from minillm.kvcache import KVCache\n"
+                     "def kind(m):\n    return [type(m).__name__, sum(p.numel() for p in m.parameters()) > 0,"
+                     " KVCache.for_model(m, 1, 4).nbytes]\n"
+                     "def run(m, ids):\n    return m(ids)\n"), copy_modules=True)
+    p.ns["model"], p.ns["ids"] = _tiny(), torch.tensor([[1, 2, 3]])
+    ns = p.run("import autograder as ag\nwhole = kind(model)\n"
+               "with ag.WorkCounter(model) as w:\n    seen = kind(model)\n    out = run(model, ids)\n"
+               "after = kind(model)")
+    nbytes = 4 * 2 * 4 * 2 * 8 * 4              # 4 layers, K and V, 4 positions, 2 heads of 8
+    assert ns["whole"] == ns["after"] == ["Transformer", True, nbytes]
+    assert ns["seen"] == ["StandIn", False, nbytes], "no weights, but layers that shape a cache"
+    assert (ns["w"].calls, ns["w"].tokens) == (1, 3)
+    p.close()
+
+
+def test_a_shared_object_stays_in_the_tester_and_offers_its_methods_only():
+    """remote.shared: lab 05's loop hands the student's step its cache and drafter as handles
+    on the tester's own objects: the kernel may call their public methods, read nothing else;
+    a shared model is a stand-in. Without a tester, shared(x) is x."""
+    from minillm.kvcache import KVCache
+    p = Pair(student("def step(m, cache, ids):\n"
+                     "    out = m(ids, cache=cache)\n"
+                     "    cache.truncate(1)\n"
+                     "    return out.shape[1]\n"
+                     "def peek(cache, what):\n    return getattr(cache, what)\n"))
+    model = _tiny()
+    cache = KVCache.for_model(model, 1, 8)
+    remote.CURRENT = p.ns.endpoint
+    try:
+        p.ns.update(model=model, cache=cache, shared=remote.shared)
+        ns = p.run("n = step(shared(model), shared(cache), torch.tensor([[1, 2, 3]]))")
+        assert ns["n"] == 3 and cache.seq_len == 1, "the step ran on the tester's own cache"
+        for what in ("seq_len", "k", "_start"):
+            with pytest.raises((remote.StudentError, AttributeError)):
+                p.run(f"peek(shared(cache), {what!r})")
+    finally:
+        remote.CURRENT = None
+    assert remote.shared(cache) is cache
+    p.close()
+
+
 def test_only_the_solution_names_are_read_from_the_kernel():
     p = Pair(student("def f(x):\n    return x\nhelper = 3\n"))
     p.ns.student_names = frozenset({"f"})

@@ -13,7 +13,9 @@ The timed claim is paired with deterministic ones graded exactly in the same not
 target's forward calls and tokens counted by `ag.WorkCounter` (1 prefill + one pass per step,
 fewer passes than new tokens, `05_work_test`) and the token-identity of greedy speculative
 decoding with the target's greedy output (`05_greedy_test`). Time is graded only as a ratio of
-medians measured interleaved in one process, on one torch thread:
+medians of CPU time measured interleaved, on one torch thread (lab 05's tests run in the tester:
+the student's step runs in the kernel, the target's passes and its cache stay in the tester, and
+both processes' CPU time counts):
 
     time(plain greedy loop: prefill, then NEW_TOKENS - 1 one-token forwards with a KV cache)
   / time(speculative loop with the student's `speculative_step` and the oracle draft, k = K)
@@ -22,9 +24,11 @@ Both use `Transformer.forward` with a `minillm.kvcache.KVCache`. Before timing, 
 output must equal the plain loop's tokens (a fast but wrong step earns nothing) and every step
 must return between 1 and k + 1 tokens.
 
-Why 1.4: well under the reference step on a loaded 2-core machine (four passes of four tokens
-against a prefill and 15 one-token steps), well over a step that produces the same tokens but
-scores the k + 1 positions with k + 1 one-token calls (ranges: autograder/README.md).
+Why 1.15: under the reference step on a loaded 2-core machine graded in the tester (four passes
+of four tokens against a prefill and 15 one-token steps; each step's calls cross between kernel
+and tester: 1.59-1.72), over a step that produces the same tokens but scores the k + 1
+positions with k + 1 one-token calls (0.73-0.76 there), by about the same factor each way. It
+was 1.4 while the tests ran in the kernel (ranges: autograder/README.md).
 
     from autograder.labs import lab05
     lab05.check_speculative_speedup(speculative_step, target)   # AssertionError below THRESHOLD
@@ -36,12 +40,13 @@ import torch.nn.functional as F
 
 from autograder.labs import shipped_model
 from autograder.labs.speedcheck import SpeedCheck
+from autograder.remote import shared as _shared
 from autograder.timing import time_ratio
 
 NEW_TOKENS = 16     # new tokens per generation
 K = 3               # draft tokens per step: 4 passes of k + 1 = 4 tokens
 PROMPT = "HAMLET.\nTo be, or not to be, that is the question:\n"
-THRESHOLD = 1.4     # required time(plain loop) / time(speculative loop, perfect draft)
+THRESHOLD = 1.15    # required time(plain loop) / time(speculative loop, perfect draft)
 WARMUP, REPEATS = 1, 5
 BENCH_KS = (1, 2, 3, 4, 6)   # the draft lengths the lab's bench cell measures
 
@@ -107,12 +112,17 @@ def run_speculative(step, target, drafter, prompt: list[int], k: int, n: int,
     from minillm.kvcache import KVCache
     cache = KVCache.for_model(target, 1, _len(prompt) + n + k + 1)
     context, out, steps = _list(prompt), [], 0
+    # with the tests in the tester: the student's step runs in the kernel on handles of the
+    # target and its cache, which stay here (the target's passes run, and are counted, here;
+    # what the step does to the cache is done to this cache); the drafter crosses whole (a
+    # copy in the kernel, lab 05's "modules": "copy"); in one kernel, the objects themselves
+    model_arg, cache_arg, drafter_arg = _shared(target), _shared(cache), drafter
     with _no_grad():
         if _len(prompt) > 1:
             target(_tensor([prompt[:-1]]), cache=cache)
         while _len(out) < n:
             kk = min(k, n - _len(out) - 1)
-            new = step(target, cache, drafter, context, kk, temperature, generator)
+            new = step(model_arg, cache_arg, drafter_arg, context, kk, temperature, generator)
             if not _isinstance(new, _list) or not 1 <= _len(new) <= kk + 1:
                 raise AssertionError(f"speculative_step must return a list of 1 to k + 1 = "
                                      f"{kk + 1} token ids, got {new!r}")
