@@ -32,7 +32,7 @@ __all__ = ["COPY_PACKAGES", "copies", "whole", "encode", "decode", "parts", "spe
            "stand_in"]
 
 COPY_PACKAGES = ("minillm", "torch", "autograder")   # the classes whose objects cross whole
-COPY_OBJECTS = ("minillm", "autograder")  # ... of which plain objects (not modules)
+COPY_OBJECTS = ("minillm", "autograder.labs")  # ... those whose plain objects do (not modules)
 
 
 @functools.cache
@@ -48,9 +48,9 @@ def whole(v) -> bool:
     import torch
     if isinstance(v, torch.nn.Module):
         return True
-    cls = type(v)
-    return cls.__module__.split(".")[0] in COPY_OBJECTS and hasattr(v, "__dict__") and \
-        not isinstance(v, type) and not callable(v)
+    home = type(v).__module__
+    return any(home == p or home.startswith(p + ".") for p in COPY_OBJECTS) and \
+        hasattr(v, "__dict__") and not isinstance(v, type) and not callable(v)
 
 
 def copies(v) -> bool:
