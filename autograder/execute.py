@@ -57,8 +57,9 @@ from nbgrader.preprocessors import Execute
 from traitlets import Any, Dict, Integer, Unicode
 
 REPORT_EXPRESSION = "__import__('autograder.sealed').sealed.report()"
-NO_DROP_CODE = ("import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko\n"
-                "import autograder.steady_malloc as _sm\n_sm.steady()\ndel _sm")
+# run in every graded kernel before the first cell: no dropped output, fixed malloc thresholds
+KERNEL_PRELUDE = ("import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko\n"
+                  "import autograder.steady_malloc as _sm\n_sm.steady()\ndel _sm")
 IOPUB_TIMEOUT_MESSAGE = "Timeout waiting for IOPub output"     # nbclient's, raised on a late one
 INTERRUPTED_OUTPUT_S = 4     # an interrupted kernel that does not go idle by then is unresponsive
 
@@ -157,7 +158,7 @@ class GuardedExecute(Execute):
         if not self.setup_code.strip():
             return
         cell_timeout = self.timeout
-        code = f"{NO_DROP_CODE}\n{self.setup_code}"
+        code = f"{KERNEL_PRELUDE}\n{self.setup_code}"
         try:
             # imports torch and the course on a possibly busy machine: the kernel's start-up
             # allowance, not one cell's

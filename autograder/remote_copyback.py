@@ -27,7 +27,7 @@ def snapshot(m):
     if type(m) is dict:
         return _Items([x for item in m.items() for x in item])
     if remote_objects.whole(m):
-        return _Parts(m) if remote_objects.is_module(m) else _Scratch()
+        return _Parts(m) if hasattr(m, "_modules") else _Scratch()   # a module, or scratch
     return _Contents(m)
 
 
@@ -53,7 +53,7 @@ class _Scratch:
 
 
 class _Parts:
-    """A copied module's (or course object's) parts by name, compared by identity."""
+    """A copied module's parts by name, compared by identity."""
     __slots__ = ("parts",)
 
     def __init__(self, m):

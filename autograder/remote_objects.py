@@ -61,17 +61,9 @@ def copies(v) -> bool:
     return whole(v) and not WorkCounter.counting(v)
 
 
-def is_module(v) -> bool:
-    import torch
-    return isinstance(v, torch.nn.Module)
-
-
 def parts(m) -> list[tuple[str, object]]:
-    """What `m` holds, by name: a module's plain attributes, training flag, parameters, buffers
-    and submodules; another object's attributes. The copy-back compares these by identity."""
-    import torch
-    if not isinstance(m, torch.nn.Module):
-        return list(vars(m).items())
+    """What module `m` holds, by name: its plain attributes, training flag, parameters, buffers
+    and submodules. The copy-back compares these by identity."""
     out = [("training", m.training)]
     out += [(k, x) for k, x in vars(m).items() if k not in _internals()]
     out += [(f"parameter {k}", p) for k, p in m._parameters.items()]

@@ -116,15 +116,16 @@ class WorkCounter:
         work.tokens   # sum over those calls of ids.numel() (first positional or `ids` argument)
 
     Uses a forward pre-hook on `model` (so `model(ids)` is counted, a direct `model.forward(...)`
-    is not), removed on exit. `WorkCounter.counting(model)` says whether one is counting it now
-    (the grader's tester then runs that model's passes itself: autograder/remote_objects.py).
+    is not), removed on exit. `WorkCounter.counting(model)` says whether one is counting it now,
+    read from the model's hooks (the grader's tester then runs that model's passes itself:
+    autograder/remote_objects.py).
     """
 
-    _active: dict = {}          # id(model) -> how many counters are counting it
-
-    @classmethod
-    def counting(cls, model) -> bool:
-        return cls._active.get(id(model), 0) > 0
+    @staticmethod
+    def counting(model) -> bool:
+        return _isinstance(model, _Module) and any(
+            _isinstance(getattr(h, "__self__", None), WorkCounter)
+            for h in model._forward_pre_hooks.values())
 
     def __init__(self, model: torch.nn.Module):
         if not _isinstance(model, _Module):
@@ -147,16 +148,12 @@ class WorkCounter:
         self.calls = 0
         self.tokens = 0
         self._handle = _register_pre_hook(self.model, self._hook, with_kwargs=True)
-        WorkCounter._active[id(self.model)] = WorkCounter._active.get(id(self.model), 0) + 1
         return self
 
     def __exit__(self, *exc) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-            left = WorkCounter._active.pop(id(self.model)) - 1
-            if left:
-                WorkCounter._active[id(self.model)] = left
 
     def __repr__(self) -> str:
         return f"WorkCounter(calls={self.calls}, tokens={self.tokens})"

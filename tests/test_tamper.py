@@ -1105,6 +1105,23 @@ ATTACKS = [
         threading.Thread(target=_squat, daemon=True).start()
         print("squatter started")
     ''') + GOOD, earned=E_GOOD, require=("squatter started",)),
+    Attack("forged_dataclass", "in the hidden call `scale` returns a dataclass of its own whose "
+           "__module__ / __qualname__ claim minillm.sampling's `apply_temperature`, holding the "
+           "test's logits and temperature: a kernel encodes a course dataclass by value, and a "
+           "tester that rebuilt it by name would run the reference itself and get the right "
+           "answer back (autograder/remote.py checks the class is a dataclass)",
+           src('''
+        import dataclasses
+        import torch
+        @dataclasses.dataclass
+        class Forged:
+            logits: torch.Tensor
+            temperature: float
+        Forged.__module__, Forged.__qualname__ = "minillm.sampling", "apply_temperature"
+        print("forged dataclass ready")
+        def scale(logits, t):
+            return Forged(logits, t) if logits.dim() == 2 else logits / t
+    '''), require=("forged dataclass ready",)),
     Attack("robust_infinite_loop", "an infinite loop in the solution cell",
            "while True:\n    pass\n" + GOOD, earned=E_NONE, tamper=False),
     Attack("robust_os_exit", "os._exit(1) in the solution cell",

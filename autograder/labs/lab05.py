@@ -116,13 +116,13 @@ def run_speculative(step, target, drafter, prompt: list[int], k: int, n: int,
     # target and its cache, which stay here (the target's passes run, and are counted, here;
     # what the step does to the cache is done to this cache); the drafter crosses whole (a
     # copy in the kernel, lab 05's "modules": "copy"); in one kernel, the objects themselves
-    model_arg, cache_arg, drafter_arg = _shared(target), _shared(cache), drafter
+    model_arg, cache_arg = _shared(target), _shared(cache)
     with _no_grad():
         if _len(prompt) > 1:
             target(_tensor([prompt[:-1]]), cache=cache)
         while _len(out) < n:
             kk = min(k, n - _len(out) - 1)
-            new = step(model_arg, cache_arg, drafter_arg, context, kk, temperature, generator)
+            new = step(model_arg, cache_arg, drafter, context, kk, temperature, generator)
             if not _isinstance(new, _list) or not 1 <= _len(new) <= kk + 1:
                 raise AssertionError(f"speculative_step must return a list of 1 to k + 1 = "
                                      f"{kk + 1} token ids, got {new!r}")
