@@ -345,7 +345,8 @@ def _seal(nb, tester: dict | None = None, socket_path: str = "") -> tuple:
         elif tester is not None:
             command = {"op": "test", "grade_id": gid, "source": source,
                        "names": tester["names"], "modules": tester.get("modules", "stand-in"),
-                       "rebound": tester.get("rebound", {}).get(gid, [])}
+                       "rebound": tester.get("rebound", {}).get(gid, []),
+                       "handed": tester.get("handed", {}).get(gid, [])}
             source = f"__import__('autograder.remote').remote.serve({socket_path!r})\n"
         table[key] = {"source": source, "grade_id": gid, "kind": kind,
                       "in_tester": command is not None and kind == "test"}

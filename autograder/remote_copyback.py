@@ -6,7 +6,9 @@ The serving side takes a `snapshot` of each such argument before the call and as
 afterwards whether the argument still `holds` the same: a list or dict by the identity of its
 items (kept alive by the snapshot, so no new item can take an old one's address; the lists,
 dicts and tensors inside it are arguments of their own, compared by content), a tensor by its
-dtype, shape, device and a copy of its values, a Generator by its state, a module copied whole
+dtype, shape, device and a copy of its values and of its gradient (a parameter the student's
+code trained comes back with the gradient it left, so a test sees a teacher that got gradients
+or a step that did not zero them), a Generator by its state, a module copied whole
 (autograder/remote_objects.py) by the identity of its parts (its parameters' values are
 arguments of their own; another course object it holds, scratch space for its forward pass,
 is not compared). The caller then `copy_into` its own object what came back: a module
@@ -68,27 +70,34 @@ class _Parts:
 
 
 class _Contents:
-    """A tensor's dtype, shape and values (a copy), or a Generator's state (`snapshot`).
-    A tensor holding NaN never equals its copy: it is sent back unchanged, which is harmless."""
-    __slots__ = ("kind", "copy")
+    """A tensor's dtype, shape and values (a copy) and its gradient (a copy, or None), or a
+    Generator's state (`snapshot`). A tensor holding NaN never equals its copy: it is sent
+    back unchanged, which is harmless."""
+    __slots__ = ("kind", "copy", "grad")
 
     def __init__(self, t):
         import torch
         if isinstance(t, torch.Generator):
-            self.kind, self.copy = None, t.get_state()
+            self.kind, self.copy, self.grad = None, t.get_state(), None
         else:
             self.kind, self.copy = (t.dtype, tuple(t.shape), t.device), t.detach().clone()
+            self.grad = None if t.grad is None else t.grad.detach().clone()
 
     def holds(self, t) -> bool:
         import torch
         if self.kind is None:
             return torch.equal(t.get_state(), self.copy)
-        return (t.dtype, tuple(t.shape), t.device) == self.kind and \
+        same_grad = (t.grad is None and self.grad is None) or (
+            t.grad is not None and self.grad is not None and t.grad.shape == self.grad.shape
+            and t.grad.dtype == self.grad.dtype and torch.equal(t.grad.detach(), self.grad))
+        return (t.dtype, tuple(t.shape), t.device) == self.kind and same_grad and \
             torch.equal(t.detach(), self.copy)
 
 
-def copy_into(dest, new) -> None:
-    """Copy `new`, what came back for argument `dest`, into `dest` itself."""
+def copy_into(dest, new, *grad) -> None:
+    """Copy `new`, what came back for argument `dest`, into `dest` itself (and `grad`, when
+    given, its gradient there, into `dest.grad`: a parameter of a copied module that the
+    student's code trained, or a tensor the tester differentiates)."""
     import torch
     if type(dest) in (list, dict):
         if type(new) is not type(dest):
@@ -115,3 +124,10 @@ def copy_into(dest, new) -> None:
                          f"{tuple(getattr(new, 'shape', ()))} {getattr(new, 'dtype', None)})")
     with torch.no_grad():
         dest.copy_(new.to(dest.device))
+    if grad and dest.is_leaf and dest.requires_grad:
+        (g,) = grad
+        if g is not None and not (isinstance(g, torch.Tensor) and g.shape == dest.shape
+                                  and g.dtype == dest.dtype):
+            raise ValueError(f"the student's code left a gradient of {tuple(dest.shape)} "
+                             f"{dest.dtype} that does not fit it")
+        dest.grad = None if g is None else g.to(dest.device)

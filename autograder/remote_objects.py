@@ -80,8 +80,9 @@ def encode(codec, v, depth: int):
         return {"or": sent[id(v)]}
     sent[id(v)] = len(sent)
     codec.alive.append(v)                # no other object may take its id while encoding
-    if isinstance(v, torch.nn.Parameter):
-        return {"P": [codec.enc(v, depth + 1), bool(v.requires_grad)]}
+    if isinstance(v, torch.nn.Parameter):            # its values, and its gradient if any
+        return {"P": [codec.tensor(v), bool(v.requires_grad),
+                      None if v.grad is None else codec.enc(v.grad, depth + 1)]}
     cls = type(v)
     if cls.__module__.split(".")[0] not in COPY_PACKAGES:
         raise ProtocolError(f"a {cls.__qualname__} of {cls.__module__} cannot be copied to the "
@@ -124,13 +125,22 @@ def decode(codec, tag: str, x, depth: int):
     i = len(got)
     got.append(None)
     if tag == "P":
-        t, requires_grad = _list(x, 2)
+        t, requires_grad, grad = _list(x, 3)
+        slot, at = len(codec.mutables), len(codec.tensors)
         data = codec.dec(t, depth + 1)
-        if not isinstance(data, torch.Tensor):
+        if not (isinstance(data, torch.Tensor) and len(codec.tensors) > at
+                and codec.tensors[at] is data):
             raise ProtocolError("a parameter that is not a tensor")
-        got[i] = torch.nn.Parameter(data, requires_grad=bool(requires_grad)
-                                    and (data.is_floating_point() or data.is_complex()))
-        return got[i]
+        p = got[i] = torch.nn.Parameter(data, requires_grad=bool(requires_grad)
+                                        and (data.is_floating_point() or data.is_complex()))
+        codec.mutables[slot] = codec.tensors[at] = p     # the parameter is what comes back
+        if grad is not None:
+            g = codec.dec(grad, depth + 1)
+            if not (isinstance(g, torch.Tensor) and p.requires_grad and g.shape == p.shape
+                    and g.dtype == p.dtype):
+                raise ProtocolError("a parameter's gradient that does not fit it")
+            p.grad = g
+        return p
     if tag == "O":
         module, qualname, attrs = _list(x, 3)
         cls = _class(module, qualname, None)

@@ -132,6 +132,7 @@ class Tester:
                 self.ns.pop(name, None)
         try:
             result = self.run_source(cmd["source"], cmd.get("grade_id", "test"))
+            self.hand_over(ep, cmd.get("handed", []))
             with contextlib.suppress(OSError, remote.ProtocolError):
                 ep.request("done", None)
             return result
@@ -140,6 +141,20 @@ class Tester:
             self.ns.student_names = frozenset()
             self.meter = None
             conn.close()
+
+    def hand_over(self, ep: remote.Endpoint, names: list[str]) -> None:
+        """Bind in the kernel the names this test's visible part bound that a later cell of
+        the notebook reads (tester_plan: "handed"), as one kernel would have them; one that
+        is unbound here (the test failed first) or cannot cross by value is left out, and the
+        job's log says so."""
+        for name in names:
+            if name not in self.ns:                  # (a lookup is not kept)
+                continue
+            try:
+                ep.hand_over(name, dict.__getitem__(self.ns, name))
+            except (OSError, remote.ProtocolError, remote.StudentError, ValueError,
+                    TypeError) as e:
+                print(f"tester: {name} not handed to the kernel: {_text(e)}", file=sys.stderr)
 
 
 class Commands:

@@ -13,28 +13,54 @@ def tester_plan(source_nb) -> dict | None:
     ("rebound", grade_id -> names): the tester holds the locked cell's value, the kernel the
     newer one, and the test must read the kernel's, as it would in one kernel; and how the
     tester's modules cross ("modules": "stand-in", a stand-in whose forward runs in the tester,
-    or "copy", the whole module: autograder/remote_objects.py). None: tests in the kernel."""
+    or "copy", the whole module: autograder/remote_objects.py); and for each test the names its
+    visible part binds that a later cell of the kernel reads ("handed", grade_id -> names: in
+    one kernel the test would have bound them there, so the tester hands their values over
+    after the test, by value). None: tests in the kernel."""
     from .seal import bound_names, free_names, imported_names
     if not uses_tester(source_nb):
         return None
     names: set[str] = set()
     stale: dict[str, bool] = {}         # name -> its newest binding is the kernel's, not ours
     rebound: dict[str, list[str]] = {}
+    pending: dict[str, str] = {}        # name -> the test whose visible part bound it last
+    handed: dict[str, set[str]] = {}
     for c in source_nb.cells:
         if c.cell_type != "code":
             continue
         m = c.metadata.get("nbgrader", {})
         bound = bound_names(c.source)
+        if m.get("locked") and m.get("grade"):          # a test: it runs in the tester
+            gid = m.get("grade_id", "?")
+            reads = sorted(n for n in free_names(c.source) or () if stale.get(n))
+            if reads:
+                rebound[gid] = reads
+            stale.update({n: False for n in bound})
+            visible, hidden = _parts(c.source)
+            for n in bound_names(hidden):
+                pending.pop(n, None)                    # never a value the hidden part made
+            pending.update({n: gid for n in bound_names(visible) - bound_names(hidden)})
+            continue
+        for n in sorted((free_names(c.source) or set()) & set(pending)):
+            handed.setdefault(pending[n], set()).add(n)
+        for n in bound:                                  # the kernel binds it itself
+            pending.pop(n, None)
         if not m.get("locked"):
             names |= bound - imported_names(c.source)
             stale.update({n: True for n in bound if n in stale})
-            continue
-        if m.get("grade"):
-            reads = sorted(n for n in free_names(c.source) or () if stale.get(n))
-            if reads:
-                rebound[m.get("grade_id", "?")] = reads
-        stale.update({n: False for n in bound})
-    return {"names": sorted(names), "rebound": rebound, "modules": modules_mode(source_nb)}
+        else:
+            stale.update({n: False for n in bound})
+    return {"names": sorted(names), "rebound": rebound, "modules": modules_mode(source_nb),
+            "handed": {gid: sorted(ns) for gid, ns in handed.items()}}
+
+
+def _parts(source: str) -> tuple[str, str]:
+    """A test cell's visible part and its hidden tests."""
+    from .seal import hidden_lines
+    hidden = hidden_lines(source)
+    lines = source.splitlines()
+    return ("\n".join(x for i, x in enumerate(lines, 1) if i not in hidden),
+            "\n".join(x for i, x in enumerate(lines, 1) if i in hidden))
 
 
 def uses_tester(source_nb) -> bool:      # the instructor's notebook, never a submission

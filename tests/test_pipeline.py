@@ -41,7 +41,6 @@ MAX_SECONDS = 180           # a lab runs top to bottom in under 3 minutes on 2 C
 # of its source notebook (the reference run), and (a) must match that second, independent run.
 JUDGED_BY_VALUES = {"04_quantization": {"04_speed_test"},
                     "07_paged_attention": {"07_speed_test"},
-                    "08_pruning_distillation": set(),
                     DUMMY: {"99_asset_test"}}
 # Labs whose tests run in the tester, apart from the student's kernel (autograder/tester.py):
 # their verdicts are the tester's, so the grader makes no reference run for them.
@@ -290,6 +289,14 @@ def test_a_source_gets_full_points_in_time(pipeline, lab):
     assert sorted(waiting) == sorted(written), describe(rec)
     assert rec.exec_seconds is not None and rec.exec_seconds < MAX_SECONDS, \
         f"{lab} ran {rec.exec_seconds} s, the budget is {MAX_SECONDS} s"
+    # graded, the source runs top to bottom as it does in JupyterLab: no cell fails (in a
+    # tester lab, a later cell that reads what a test bound gets it from the tester)
+    graded = nbformat.read(str(pipeline.course.build / "autograded" / "source" / lab /
+                               f"{lab}.ipynb"), as_version=4)
+    failed = [(c.metadata.get("nbgrader", {}).get("grade_id", i), o.get("ename"), o.get("evalue"))
+              for i, c in enumerate(graded.cells) if c.cell_type == "code"
+              for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not failed, failed
     if lab in TESTER_LABS:              # asked for evidence, the grader ran no reference run
         assert not (pipeline.course.build / "reference" / f"{lab}.json").exists()
     if lab in JUDGED_BY_VALUES:         # (a) matched its reference run: which cells showed values

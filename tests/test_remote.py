@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import remote, wire
+from autograder import remote, remote_values, wire
 from autograder.tester import Namespace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -185,10 +185,10 @@ def test_a_simple_namespace_crosses_by_value_to_the_student_only():
     assert ns["out"] == ["SimpleNamespace", 1.5, ["x"]]
     assert isinstance(ns["back"], remote.Remote) and "namespace(a=1)" in ns["r"]
     p.close()
-    codec = remote._Codec(remote.Endpoint(socket.socketpair()[0], share_handles=False))
+    codec = remote_values.Codec(remote.Endpoint(socket.socketpair()[0], share_handles=False))
     with pytest.raises(remote.ProtocolError, match="does not accept"):
         codec.dec({"ns": [["a", 1]]})
-    kernel = remote._Codec(remote.Endpoint(socket.socketpair()[0], share_handles=True))
+    kernel = remote_values.Codec(remote.Endpoint(socket.socketpair()[0], share_handles=True))
     with pytest.raises(remote.ProtocolError, match="not an attribute name"):
         kernel.dec({"ns": [["__class__", 1]]})
 
@@ -338,6 +338,93 @@ def test_a_counted_model_crosses_as_a_stand_in_even_in_a_copy_lab():
     p.close()
 
 
+def test_the_tester_differentiates_through_the_students_function():
+    """remote_autograd: a call whose tensors require gradients is a node of the tester's graph;
+    its backward asks the kernel for the gradients of the student's graph. The same gradients
+    as one process, through a tuple result, a list argument, and into the tester's own graph
+    (logits of the tester's model -> the student's loss -> the model's weights)."""
+    src = ("import torch.nn.functional as F\n"
+           "def kl(s, t, tau=1.0):\n"
+           "    return F.kl_div(F.log_softmax(s / tau, -1), F.log_softmax(t / tau, -1),"
+           " reduction='batchmean', log_target=True) * tau ** 2\n"
+           "def two(xs):\n    return xs[0] * xs[1], (xs[0] ** 2).sum()\n"
+           "def counts(x):\n    return (x > 0).sum()\n"
+           "def name(x):\n    return 'plain'\n")
+    p = Pair(student(src))
+    local = student(src)
+    g = torch.Generator().manual_seed(3)
+    s, t = torch.randn(4, 7, generator=g), torch.randn(4, 7, generator=g)
+    a, b = torch.randn(5, generator=g), torch.randn(5, generator=g)
+    model = _tiny()
+    ids = torch.randint(0, 31, (2, 6), generator=g)
+    p.ns.update(s=s, t=t, a=a, b=b, model=model, ids=ids)
+    ns = p.run("w = s.clone().requires_grad_(True)\nloss = kl(w, t, 2.0)\nloss.backward()\n"
+               "x, y = a.clone().requires_grad_(True), b.clone().requires_grad_(True)\n"
+               "prod, sq = two([x, y])\n(prod.sum() + 3 * sq).backward()\n"
+               "n = counts(x)\nlabel = name(x)\n"
+               "gs = torch.autograd.grad(kl(model(ids), model(ids).detach() + 1), "
+               "list(model.parameters()), allow_unused=True)\n"
+               "with torch.no_grad():\n    quiet = kl(w, t)\n")
+    w0 = s.clone().requires_grad_(True)
+    loss0 = local["kl"](w0, t, 2.0)
+    loss0.backward()
+    assert torch.allclose(ns["loss"].detach(), loss0.detach()) and ns["loss"].requires_grad
+    assert torch.allclose(ns["w"].grad, w0.grad, atol=1e-7)
+    x0, y0 = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    prod0, sq0 = local["two"]([x0, y0])
+    (prod0.sum() + 3 * sq0).backward()
+    assert torch.allclose(ns["x"].grad, x0.grad) and torch.allclose(ns["y"].grad, y0.grad)
+    assert int(ns["n"]) == int((a > 0).sum()) and ns["label"] == "plain"
+    gs0 = torch.autograd.grad(local["kl"](model(ids), model(ids).detach() + 1),
+                              list(model.parameters()), allow_unused=True)
+    assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(ns["gs"], gs0))
+    assert not ns["quiet"].requires_grad, "grad mode off: a plain call"
+    p.close()
+
+
+def test_a_gradient_the_kernel_forges_is_refused_by_shape():
+    """The kernel's answer to a backward is checked: gradients of the wrong shape fail."""
+    p = Pair(student("class Bad(torch.autograd.Function):\n"
+                     "    @staticmethod\n    def forward(ctx, x):\n        return x.sum()\n"
+                     "    @staticmethod\n    def backward(ctx, g):\n        return g.expand(2)\n"
+                     "def f(x):\n    return Bad.apply(x)\n"))
+    with pytest.raises(RuntimeError):
+        p.run("x = torch.ones(3, requires_grad=True)\nf(x).backward()")
+    p.close()
+
+
+def test_a_copied_model_trained_by_the_student_comes_back_with_its_gradients():
+    """Lab 08's distillation step in a "copy" lab: the student's step trains the copy of the
+    tester's model; its new weights and gradients come back, a gradient the tester's model held
+    crosses with it (so a step that forgets to zero it accumulates, as in one process), and a
+    teacher the step differentiated through comes back with gradients too."""
+    from autograder.labs.lab08_pruning import SGD
+    src = ("def step(m, teacher, ids, opt, zero=True):\n"
+           "    if zero:\n        opt.zero_grad()\n"
+           "    loss = (m(ids) - teacher(ids)).pow(2).mean()\n"
+           "    loss.backward()\n    opt.step()\n    return loss.item()\n")
+    p = Pair(student(src), copy_modules=True)
+    local = student(src)
+    import copy
+    m, teacher = _tiny(), _tiny()
+    with torch.no_grad():
+        for q in teacher.parameters():
+            q.mul_(1.5)
+    ids = torch.randint(0, 31, (2, 6), generator=torch.Generator().manual_seed(2))
+    m0, teacher0 = copy.deepcopy(m), copy.deepcopy(teacher)
+    opt, opt0 = SGD(m.parameters(), lr=0.1), SGD(m0.parameters(), lr=0.1)
+    p.ns.update(m=m, teacher=teacher, ids=ids, opt=opt)
+    ns = p.run("l1 = step(m, teacher, ids, opt)\nl2 = step(m, teacher, ids, opt, zero=False)\n")
+    l1 = local["step"](m0, teacher0, ids, opt0)
+    l2 = local["step"](m0, teacher0, ids, opt0, zero=False)
+    assert ns["l1"] == pytest.approx(l1, rel=1e-5) and ns["l2"] == pytest.approx(l2, rel=1e-5)
+    for (k, q), q0 in zip(m.named_parameters(), m0.parameters()):
+        assert torch.allclose(q, q0, atol=1e-6), k
+        assert q.grad is not None and torch.allclose(q.grad, q0.grad, atol=1e-6), k
+    assert all(q.grad is not None for q in teacher.parameters()), "the teacher's gradients"
+    p.close()
+
+
 def test_a_shared_object_stays_in_the_tester_and_offers_its_methods_only():
     """remote.shared: lab 05's loop hands the student's step its cache and drafter as handles
     on the tester's own objects: the kernel may call their public methods, read nothing else;
@@ -419,7 +506,8 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
         cell("measured = scale(2)\nfor i in range(3):\n    pass")])
     assert tester_plan(nb) is None
     nb.metadata["autograder"] = {"tests": "tester"}
-    assert tester_plan(nb) == {"names": ["i", "measured", "scale"], "rebound": {}, "modules": "stand-in"}
+    assert tester_plan(nb) == {"names": ["i", "measured", "scale"], "rebound": {},
+                               "modules": "stand-in", "handed": {}}
     # a name a locked test cell binds (it runs in the tester) and a free cell binds again later
     # (in the kernel): a later test that reads it reads the kernel's, as in one kernel (lab 01's
     # `intensity`, a SymPy expression in one test, the measured list after)
@@ -431,6 +519,19 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
                  cell("intensity = 5", locked=True, grade=True, grade_id="t3"),
                  cell("assert intensity == 5", locked=True, grade=True, grade_id="t4")]
     assert tester_plan(nb)["rebound"] == {"t2": ["intensity"]}
+    assert tester_plan(nb)["handed"] == {}, "every later read is of the kernel's own binding"
+    # a name a test's visible part binds that a later kernel cell reads is handed over after
+    # the test (lab 08's calibration batches); never one its hidden part binds or rebinds,
+    # nor one a kernel cell binds itself before reading it
+    nb.cells += [cell("calib = [1, 2]\nshown = 3\nalso = 4\n### BEGIN HIDDEN TESTS\n"
+                      "shown = 5\n_secret = 6\n### END HIDDEN TESTS", locked=True, grade=True,
+                      grade_id="t5"),
+                 cell("also = 1\nprint(shown, _secret, also)"),
+                 cell("calib = 7", locked=True, grade=True, grade_id="t6"),
+                 cell("def f():\n    return calib")]
+    assert tester_plan(nb)["handed"] == {"t6": ["calib"]}
+    nb.cells.insert(-2, cell("print(calib)", locked=True, grade_id="s2"))   # a setup cell reads
+    assert tester_plan(nb)["handed"] == {"t5": ["calib"], "t6": ["calib"]}
 
 
 @pytest.mark.parametrize("message", [
