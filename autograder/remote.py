@@ -29,6 +29,8 @@ What crosses, both ways, and how:
   node of the tester's autograd graph whose backward runs the kernel's (remote_autograd.py);
 * names: after a test, the tester binds in the student's notebook, by value, what the test's
   visible part bound for a later cell (`Endpoint.hand_over`, tester_plan.py's "handed");
+* course functions: one decorated with `kernel_side` (lab 04's Triton launcher) runs in the
+  kernel when the tester calls it with a handle on a student object among its arguments;
 * callbacks: an object the tester passes with `expose(obj)` (the model, so that the tester
   counts its forward passes and times them) is a handle in the student's kernel that can only be
   called, with arguments and results by value; one passed with `shared(obj)` (lab 05's cache)
@@ -40,6 +42,7 @@ AssertionError, ...) with its message, or as `StudentError` for any other type.
 """
 from __future__ import annotations
 
+import importlib
 import socket
 import types
 
@@ -52,8 +55,8 @@ from .remote_copyback import copy_into, snapshot
 from .remote_values import Codec, Exposed, Remote, _Iterator
 from .wire import MAX_MESSAGE, Disconnected, ProtocolError, _int, _list, _recv, _send
 
-__all__ = ["Endpoint", "Remote", "Exposed", "expose", "shared", "resident", "StudentError",
-           "ProtocolError", "Disconnected", "MAX_MESSAGE", "serve"]
+__all__ = ["Endpoint", "Remote", "Exposed", "expose", "shared", "resident", "kernel_side",
+           "StudentError", "ProtocolError", "Disconnected", "MAX_MESSAGE", "serve"]
 
 MAX_TEXT = 4000                  # characters of an exception message that cross
 
@@ -87,6 +90,30 @@ def shared(obj):
 
 
 CURRENT: "Endpoint | None" = None    # the tester's connection while a test runs (tester.py)
+
+
+KERNEL_SIDE: dict = {}       # course functions the tester may ask the kernel to run, by name
+
+
+def kernel_side(fn):
+    """Decorate a course function that must run where the student's objects live: called in
+    the tester with an object of the student's kernel (a `Remote`) among its positional
+    arguments, it runs in the kernel (the "course" request: arguments and result cross as
+    any call's do, with the references the test disabled off there); otherwise, here. Lab 04's
+    and 07's launchers use it: the student's Triton kernel is Python in the CPU interpreter,
+    and the tester never runs the student's code. What such a function reports is the
+    kernel's word, like any result of the student's code."""
+    import functools
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    KERNEL_SIDE[name] = fn
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        ep = CURRENT
+        if ep is not None and any(isinstance(a, Remote) and a._ep is ep for a in args):
+            return ep.request("course", None, name, args, kwargs, copy_back=True)
+        return fn(*args, **kwargs)
+    return run
 
 
 def resident(value):
@@ -207,7 +234,8 @@ class Endpoint:
             args = [codec.dec(a) for a in _list(message.get("args", []))]
             if op == "gcall" and self.share_handles:   # a call the tester differentiates
                 args[2] = remote_autograd.leaves(codec.tensors, args[2])
-            before = [snapshot(m) for m in codec.mutables] if op in ("call", "gcall") else None
+            before = [snapshot(m) for m in codec.mutables] if op in ("call", "gcall", "course") \
+                else None
             target = message.get("target")
             value = self._do(op, None if target is None else _int(target), args,
                              [str(n) for n in _list(message.get("disabled", []))])
@@ -240,6 +268,17 @@ class Endpoint:
                 raise ProtocolError("a name the tester cannot bind")
             self.namespace[name] = value
             return None
+        if op == "course":                       # kernel_side(): a course function, run here
+            name, a, kw = args
+            if not self.share_handles or type(name) is not str or type(a) is not tuple or \
+                    type(kw) is not dict:
+                raise ProtocolError("a course function the tester cannot ask for")
+            module = name.rpartition(".")[0]
+            if name not in KERNEL_SIDE and module.startswith("autograder.labs."):
+                importlib.import_module(module)  # registers its kernel-side functions
+            if name not in KERNEL_SIDE:
+                raise ProtocolError(f"no kernel-side course function {name[:80]}")
+            return self._guarded(disabled, KERNEL_SIDE[name], *a, **kw)
         if op == "lookup":
             (name,) = args
             if self.namespace is None or type(name) is not str or name not in self.namespace:

@@ -288,7 +288,7 @@ class Remote:
         return self._ep.request("call", self._id, args, kwargs, copy_back=True)
 
     def __getattr__(self, name):
-        if name.startswith("__"):
+        if name.startswith("__") and name != "__dict__":    # vars(r): the object's attributes
             raise AttributeError(name)
         return self._ep.request("getattr", self._id, name)
 

@@ -307,3 +307,62 @@ def test_fake_triton_modules_and_attached_hooks_are_refused(module_from):
     hooked.silu_mul_kernel.add_pre_run_hook(lambda *a, **k: None)
     with pytest.raises(AssertionError, match="pre-run hooks"):
         tri.check_silu_mul(hooked.silu_mul_kernel)
+
+
+@pytest.fixture
+def across(monkeypatch):
+    """The checks with the tests in the tester (autograder/tester.py): the student's kernel
+    objects stay on the student's side of a socket (served from a thread here) and the tester
+    holds handles on them. Records the thread of every launch."""
+    import socket
+    import threading
+
+    from autograder import remote
+    threads = []
+    fresh = kc.fresh_kernel
+
+    def watched(kernel):
+        threads.append(threading.current_thread())
+        return fresh(kernel)
+    monkeypatch.setattr(kc, "fresh_kernel", watched)
+
+    def connect(namespace: dict):
+        a, b = socket.socketpair()
+        student = remote.Endpoint(b, share_handles=True, namespace=namespace)
+        server = threading.Thread(target=student.serve, daemon=True)
+        server.start()
+        tester = remote.Endpoint(a, share_handles=False, copy_modules=True)
+        monkeypatch.setattr(remote, "CURRENT", tester)
+        return tester, server
+    yield connect, threads
+    if remote.CURRENT is not None:
+        remote.CURRENT.request("done", None)
+
+
+def test_the_checks_launch_the_students_kernel_in_its_kernel_only(across, solution, module_from):
+    """Labs 04 and 07 in the tester: a launcher handed a handle on the student's kernel runs
+    the launch on the student's side (kernelcheck.launch), each tensor crossing with its whole
+    buffer and its place in it, so a transposed view stays one and the NaN fences catch a
+    load or a store without a mask as they do in one process; nothing of the student's runs
+    on the tester's side."""
+    connect, threads = across
+    bad_store = module_from(_solution_source().replace(*MISTAKES["store without a mask"][1:3]),
+                            "across_store")
+    bad_load = module_from(_solution_source().replace(*MISTAKES["x loaded without the K mask"][1:3]),
+                           "across_load")
+    names = {f"{w}_kernel": getattr(solution, f"{w}_kernel") for w in KERNEL_CELLS.values()}
+    names.update(bad_store=bad_store.silu_mul_kernel, bad_load=bad_load.matvec_kernel)
+    tester, server = connect(names)
+    handle = {name: tester.request("lookup", None, name) for name in names}
+    from autograder.remote import Remote
+    assert all(isinstance(h, Remote) for h in handle.values())
+    for what in KERNEL_CELLS.values():
+        getattr(tri, f"check_{what}")(handle[f"{what}_kernel"])
+    Wt, x = torch.randn(96, 40).T, torch.randn(96)                     # strides (1, 40)
+    assert torch.allclose(tri.matvec(handle["matvec_kernel"], Wt, x, block_n=16, block_k=64),
+                          Wt @ x, atol=1e-4)
+    with pytest.raises(AssertionError, match="wrote outside"):
+        tri.check_silu_mul(handle["bad_store"])
+    with pytest.raises(AssertionError, match="NaN in the output"):
+        tri.check_matvec(handle["bad_load"])
+    assert threads and all(t is server for t in threads), "a launch ran in the tester"

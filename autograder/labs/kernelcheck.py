@@ -12,8 +12,10 @@ autograder/labs/labNN.py) runs it on inputs the check chooses. Three things make
   the same way); attribute names are public (no `_x`, no `.handle`). So the body cannot call
   torch, numpy, `kernels` or `minillm`: on a GPU such code would not even compile, and in the
   CPU interpreter, where a kernel body is plain Python, the check refuses it before it runs.
-* `fresh_kernel(kernel)`: what the launchers run, a new kernel object built from the checked
-  Python function, so nothing a notebook attached to its kernel objects runs;
+* `fresh_kernel(kernel)`: what the launchers run (`launch`), a new kernel object built from
+  the checked Python function, so nothing a notebook attached to its kernel objects runs; with
+  the tests in the tester, `launch` and `assert_triton_kernel` run in the student's kernel,
+  where the kernel object lives (autograder/remote.py, `kernel_side`);
 * `course_kernels_disabled()`: every function of the course's kernel modules (launchers,
   references and the JIT kernels' Python functions) raises while the block runs; the expected
   values are computed before it.
@@ -43,6 +45,7 @@ import numpy as np
 import torch
 
 from autograder.checks import reference_disabled
+from autograder.remote import Remote, kernel_side
 from minillm.gpu_timer import Timer, copy_bandwidth
 
 try:
@@ -58,7 +61,7 @@ except ImportError:                                       # pragma: no cover (no
     triton = tl = None
     _KERNEL_TYPES = ()
 
-__all__ = ["assert_triton_kernel", "assert_bare_kernel", "fresh_kernel", "quiet_numpy",
+__all__ = ["assert_triton_kernel", "assert_bare_kernel", "fresh_kernel", "launch", "quiet_numpy",
            "course_kernels_disabled", "nan_padded",
            "assert_padding_untouched", "kernel_speed", "check_kernel_speed", "COURSE_KERNEL_MODULES"]
 
@@ -187,6 +190,7 @@ def _resolve_global(fn, name: str):
     return None, False
 
 
+@kernel_side           # the student's kernel object lives in the kernel (autograder/remote.py)
 def assert_triton_kernel(kernel, name: str = "the kernel", _seen: set | None = None) -> None:
     """AssertionError unless `kernel` is a @triton.jit function written in the notebook whose
     body uses only Triton (see the module docstring)."""
@@ -256,6 +260,43 @@ def quiet_numpy():
     """A context in which NumPy's floating-point warnings are off (the launchers wrap each launch
     of a student's kernel in it)."""
     return np.errstate(all="ignore")
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """`fresh_kernel(kernel)[grid](*args, **kwargs)` with NumPy's warnings off: what every
+    launcher runs. With the tests in the tester (autograder/tester.py) `kernel` is a handle on
+    the student's kernel object and the launch runs in the kernel (the student's Triton code
+    is Python in the CPU interpreter and never runs in the tester): each tensor argument
+    crosses with its whole buffer and its place in it (offset, shape, strides), so a strided
+    view stays one and the NaN fences around a check's inputs and outputs cross too; the
+    buffers come back with what the kernel wrote, fences included."""
+    if isinstance(kernel, Remote):
+        _launch_there(kernel, tuple(grid), [_strided(a) for a in args],
+                      {k: _strided(v) for k, v in kwargs.items()})
+        return
+    with quiet_numpy():
+        fresh_kernel(kernel)[grid](*args, **kwargs)
+
+
+def _strided(v):
+    """A tensor as {"buffer": its whole storage, 1-D, "offset", "shape", "stride"}."""
+    if not isinstance(v, torch.Tensor):
+        return v
+    n = v.untyped_storage().nbytes() // v.element_size()
+    whole = torch.empty(0, dtype=v.dtype, device=v.device).set_(v.untyped_storage(), 0, (n,),
+                                                                  (1,))
+    return {"buffer": whole, "offset": v.storage_offset(), "shape": list(v.shape),
+            "stride": list(v.stride())}
+
+
+@kernel_side
+def _launch_there(kernel, grid: tuple, args: list, kwargs: dict) -> None:
+    """(In the student's kernel) `launch`, on the buffers the tester sent."""
+    def view(v):
+        if type(v) is dict and set(v) == {"buffer", "offset", "shape", "stride"}:
+            return v["buffer"].as_strided(v["shape"], v["stride"], v["offset"])
+        return v
+    launch(kernel, grid, *[view(a) for a in args], **{k: view(v) for k, v in kwargs.items()})
 
 
 _FRESH: dict = {}       # id(python function) -> (that function, the kernel rebuilt from it)
