@@ -341,7 +341,8 @@ def _seal(nb, tester: dict | None = None, socket_path: str = "") -> tuple:
         source = to_python(cell.source)
         command = None
         if tester is not None and kind == "setup":
-            command = {"op": "setup", "grade_id": gid, "source": source}
+            if gid not in tester.get("kernel_only", []):   # (one that runs in the kernel only)
+                command = {"op": "setup", "grade_id": gid, "source": source}
         elif tester is not None:
             command = {"op": "test", "grade_id": gid, "source": source,
                        "names": tester["names"], "modules": tester.get("modules", "stand-in"),

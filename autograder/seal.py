@@ -44,6 +44,18 @@ def free_names(source: str) -> set[str] | None:
     return read - bound
 
 
+def defines_only(source: str) -> bool:
+    """Whether a cell only defines (functions, classes, imports): running it calls nothing
+    else."""
+    try:
+        tree = ast.parse(to_python(source))
+    except SyntaxError:
+        return False
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+    return all(isinstance(n, kinds) or (isinstance(n, ast.Expr) and
+                                        isinstance(n.value, ast.Constant)) for n in tree.body)
+
+
 def imported_names(source: str) -> set[str]:
     """Top-level names a cell binds by importing: a test must get its modules from the lab's
     own locked cells, never from the student's kernel."""

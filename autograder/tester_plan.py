@@ -16,8 +16,13 @@ def tester_plan(source_nb) -> dict | None:
     or "copy", the whole module: autograder/remote_objects.py); and for each test the names its
     visible part binds that a later cell of the kernel reads ("handed", grade_id -> names: in
     one kernel the test would have bound them there, so the tester hands their values over
-    after the test, by value). None: tests in the kernel."""
-    from .seal import bound_names, free_names, imported_names
+    after the test, by value); and the locked cells that are not tests but run in the kernel
+    only ("kernel_only", grade_ids): those that call the student's code (they read a name an
+    unlocked cell binds, and do more than define functions and classes) and those whose metadata says `{"autograder": {"runs": "kernel"}}` (a
+    class whose objects the student's code changes in place, such as lab 07's BlockPool: the
+    tests make them in the kernel). The tests read what such a cell binds from the kernel, as
+    they read the student's names. None: tests in the kernel."""
+    from .seal import bound_names, defines_only, free_names, imported_names
     if not uses_tester(source_nb):
         return None
     names: set[str] = set()
@@ -25,6 +30,7 @@ def tester_plan(source_nb) -> dict | None:
     rebound: dict[str, list[str]] = {}
     pending: dict[str, str] = {}        # name -> the test whose visible part bound it last
     handed: dict[str, set[str]] = {}
+    kernel_only: list[str] = []
     for c in source_nb.cells:
         if c.cell_type != "code":
             continue
@@ -41,17 +47,24 @@ def tester_plan(source_nb) -> dict | None:
                 pending.pop(n, None)                    # never a value the hidden part made
             pending.update({n: gid for n in bound_names(visible) - bound_names(hidden)})
             continue
-        for n in sorted((free_names(c.source) or set()) & set(pending)):
+        reads = free_names(c.source) or set()
+        for n in sorted(reads & set(pending)):
             handed.setdefault(pending[n], set()).add(n)
         for n in bound:                                  # the kernel binds it itself
             pending.pop(n, None)
-        if not m.get("locked"):
+        if m.get("locked") and ((reads & names and not defines_only(c.source)) or
+                                c.metadata.get("autograder", {}).get("runs") == "kernel"):
+            kernel_only.append(m.get("grade_id", "?"))   # read like the student's names
+            names |= bound - imported_names(c.source)
+            stale.update({n: True for n in bound if n in stale})
+        elif not m.get("locked"):
             names |= bound - imported_names(c.source)
             stale.update({n: True for n in bound if n in stale})
         else:
             stale.update({n: False for n in bound})
     return {"names": sorted(names), "rebound": rebound, "modules": modules_mode(source_nb),
-            "handed": {gid: sorted(ns) for gid, ns in handed.items()}}
+            "handed": {gid: sorted(ns) for gid, ns in handed.items()},
+            "kernel_only": kernel_only}
 
 
 def _parts(source: str) -> tuple[str, str]:

@@ -47,6 +47,37 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def across(monkeypatch):
+    """The checks with the tests in the tester (autograder/tester.py): the student's kernel
+    objects stay on the student's side of a socket (served from a thread here) and the tester
+    holds handles on them. Records the thread of every launch."""
+    import socket
+    import threading
+
+    from autograder import remote
+    from autograder.labs import kernelcheck as kc
+    threads = []
+    fresh = kc.fresh_kernel
+
+    def watched(kernel):
+        threads.append(threading.current_thread())
+        return fresh(kernel)
+    monkeypatch.setattr(kc, "fresh_kernel", watched)
+
+    def connect(namespace: dict):
+        a, b = socket.socketpair()
+        student = remote.Endpoint(b, share_handles=True, namespace=namespace)
+        server = threading.Thread(target=student.serve, daemon=True)
+        server.start()
+        tester = remote.Endpoint(a, share_handles=False, copy_modules=True)
+        monkeypatch.setattr(remote, "CURRENT", tester)
+        return tester, server
+    yield connect, threads
+    if remote.CURRENT is not None:
+        remote.CURRENT.request("done", None)
+
+
 @pytest.fixture(scope="session")
 def built_decks(tmp_path_factory) -> Path:
     """Every slide deck built once per test run with the command `make slides` runs. Under

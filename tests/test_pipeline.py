@@ -39,8 +39,7 @@ MAX_SECONDS = 180           # a lab runs top to bottom in under 3 minutes on 2 C
 # Labs whose (a), (b) and (c) are also judged by the values their tests show the grader
 # (autograder/judge.py), and the autograded cells of each that show none: each costs one more run
 # of its source notebook (the reference run), and (a) must match that second, independent run.
-JUDGED_BY_VALUES = {"07_paged_attention": {"07_speed_test"},
-                    DUMMY: {"99_asset_test"}}
+JUDGED_BY_VALUES = {DUMMY: {"99_asset_test"}}
 # Labs whose tests run in the tester, apart from the student's kernel (autograder/tester.py):
 # their verdicts are the tester's, so the grader makes no reference run for them.
 TESTER_LABS = {lab for lab in LABS if uses_tester(

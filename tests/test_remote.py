@@ -507,7 +507,7 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
     assert tester_plan(nb) is None
     nb.metadata["autograder"] = {"tests": "tester"}
     assert tester_plan(nb) == {"names": ["i", "measured", "scale"], "rebound": {},
-                               "modules": "stand-in", "handed": {}}
+                               "modules": "stand-in", "handed": {}, "kernel_only": []}
     # a name a locked test cell binds (it runs in the tester) and a free cell binds again later
     # (in the kernel): a later test that reads it reads the kernel's, as in one kernel (lab 01's
     # `intensity`, a SymPy expression in one test, the measured list after)
@@ -532,6 +532,36 @@ def test_the_plan_reads_only_what_the_unlocked_cells_bind():
     assert tester_plan(nb)["handed"] == {"t6": ["calib"]}
     nb.cells.insert(-2, cell("print(calib)", locked=True, grade_id="s2"))   # a setup cell reads
     assert tester_plan(nb)["handed"] == {"t5": ["calib"], "t6": ["calib"]}
+    assert tester_plan(nb)["kernel_only"] == []
+
+
+def test_a_locked_cell_that_calls_the_students_code_runs_in_the_kernel_only():
+    """tester_plan "kernel_only": a locked cell that is not a test runs in the tester too,
+    unless it calls the student's code (lab 07's simulation and block map) or its metadata
+    says so (lab 07's BlockPool, whose objects the student's code changes in place): then it
+    runs in the kernel only, and the tests read what it binds from the kernel. One that only
+    defines functions calling the student's code runs in both."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from autograder.tester_plan import tester_plan
+
+    def cell(src, **role):
+        return new_code_cell(src, metadata={"nbgrader": role} if role else {})
+    pool = cell("class Pool:\n    pass", locked=True, grade_id="pool")
+    pool.metadata["autograder"] = {"runs": "kernel"}
+    nb = new_notebook(cells=[
+        cell("import math\nbase = 1", locked=True, grade_id="setup"),
+        cell("def allocate(p, n):\n    return n", solution=True, grade_id="a"),
+        pool,
+        cell("def check(p):\n    return allocate(p, 2)", locked=True, grade_id="helpers"),
+        cell("import numpy as np\nused = allocate(Pool(), 3)\nprint(math.pi)", locked=True,
+             grade_id="demo"),
+        cell("assert check(Pool()) == 2 and used == 3", locked=True, grade=True,
+             grade_id="t")])
+    nb.metadata["autograder"] = {"tests": "tester"}
+    plan = tester_plan(nb)
+    assert plan["kernel_only"] == ["pool", "demo"]
+    assert plan["names"] == ["Pool", "allocate", "used"], "read from the kernel, imports not"
 
 
 @pytest.mark.parametrize("message", [

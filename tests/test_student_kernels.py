@@ -309,36 +309,6 @@ def test_fake_triton_modules_and_attached_hooks_are_refused(module_from):
         tri.check_silu_mul(hooked.silu_mul_kernel)
 
 
-@pytest.fixture
-def across(monkeypatch):
-    """The checks with the tests in the tester (autograder/tester.py): the student's kernel
-    objects stay on the student's side of a socket (served from a thread here) and the tester
-    holds handles on them. Records the thread of every launch."""
-    import socket
-    import threading
-
-    from autograder import remote
-    threads = []
-    fresh = kc.fresh_kernel
-
-    def watched(kernel):
-        threads.append(threading.current_thread())
-        return fresh(kernel)
-    monkeypatch.setattr(kc, "fresh_kernel", watched)
-
-    def connect(namespace: dict):
-        a, b = socket.socketpair()
-        student = remote.Endpoint(b, share_handles=True, namespace=namespace)
-        server = threading.Thread(target=student.serve, daemon=True)
-        server.start()
-        tester = remote.Endpoint(a, share_handles=False, copy_modules=True)
-        monkeypatch.setattr(remote, "CURRENT", tester)
-        return tester, server
-    yield connect, threads
-    if remote.CURRENT is not None:
-        remote.CURRENT.request("done", None)
-
-
 def test_the_checks_launch_the_students_kernel_in_its_kernel_only(across, solution, module_from):
     """Labs 04 and 07 in the tester: a launcher handed a handle on the student's kernel runs
     the launch on the student's side (kernelcheck.launch), each tensor crossing with its whole

@@ -427,3 +427,29 @@ def test_the_launchers_refuse_bad_arguments(solution):
         lab07_triton.launch_decode(solution.paged_decode_kernel, q, kc, vc, tables.long(), lens)
     with pytest.raises(ValueError, match="num_splits must be a positive int"):
         lab07_triton.launch_split(solution.paged_split_kernel, q, kc, vc, tables, lens, 0)
+
+
+# --- (e) with the tests in the tester ------------------------------------------------------------
+def test_the_checks_launch_the_students_kernels_in_its_kernel_only(across, solution, tmp_path):
+    """Lab 07 in the tester (conftest's `across`): the checks get handles on the student's
+    kernels, every launch runs on the student's side with the fenced caches and outputs
+    crossing whole, and the fences still catch a missing mask."""
+    connect, threads = across
+    bad = mutant(tmp_path, "across_store", ("out.to(out_ptr.dtype.element_ty), mask=q_mask)",
+                                            "out.to(out_ptr.dtype.element_ty))"))
+    tail = mutant(tmp_path, "across_tail", *NO_TAIL_MASK)
+    tester, server = connect({"paged_decode_kernel": solution.paged_decode_kernel,
+                              "paged_split_kernel": solution.paged_split_kernel,
+                              "bad_store": bad.paged_decode_kernel,
+                              "no_tail_mask": tail.paged_split_kernel})
+    handle = {n: tester.request("lookup", None, n) for n in
+              ("paged_decode_kernel", "paged_split_kernel", "bad_store", "no_tail_mask")}
+    assert lab07_triton.check_decode_kernel(handle["paged_decode_kernel"], speed=None)["cases"] \
+        == len(lab07_triton.DECODE_CASES)
+    assert lab07_triton.check_split_kernel(handle["paged_split_kernel"], speed=None)["cases"] \
+        == len(lab07_triton.SPLIT_CASES)
+    with pytest.raises(AssertionError, match="wrote outside its output tensor"):
+        lab07_triton.check_decode_kernel(handle["bad_store"], speed=None)
+    with pytest.raises(AssertionError, match="NaN.*mask"):
+        lab07_triton.check_split_kernel(handle["no_tail_mask"], speed=None)
+    assert threads and all(t is server for t in threads), "a launch ran in the tester"

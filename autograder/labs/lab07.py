@@ -40,6 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from autograder.checks import assert_close
 from autograder.labs.speedcheck import SpeedCheck
+from autograder.remote import kernel_side, resident
 from autograder.timing import time_ratio
 from kernels.intmath import cdiv
 from kernels.paged_attention_ref import paged_attention_decode_ref
@@ -98,6 +99,7 @@ class _CallCounter(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+@kernel_side      # counted where the student's function runs (autograder/remote.py)
 def count_torch_calls(fn, seed: int = 0) -> tuple[int, int]:
     """(torch function calls made by fn on the CASE batch, context tokens it attends to)."""
     q, kc, vc, tables, lens = make_case(seed)
@@ -111,10 +113,11 @@ def paged_decode_speed(fn, guard, *, seed: int = 0, warmup: int = WARMUP,
     """time(paged_attention_decode_ref) / time(fn) on the CASE batch, interleaved: the
     RatioResult (.ratio > 1: fn is faster). Checks fn's output against the reference first."""
     q, kc, vc, tables, lens = make_case(seed)
+    sent = resident([q, kc, vc, tables, lens])   # (in the tester: copied to the kernel once)
     with _no_grad():
         want = paged_attention_decode_ref(q, kc, vc, tables, lens)
         with guard:
-            got = fn(q, kc, vc, tables, lens)
+            got = fn(*sent)
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
             raise AssertionError(f"paged decode returned {type(got).__name__} "
                                  f"{tuple(getattr(got, 'shape', ()))}, expected a tensor "
@@ -124,7 +127,7 @@ def paged_decode_speed(fn, guard, *, seed: int = 0, warmup: int = WARMUP,
 
         def candidate():
             with guard:
-                fn(q, kc, vc, tables, lens)
+                fn(*sent)
 
         return time_ratio(lambda: paged_attention_decode_ref(q, kc, vc, tables, lens),
                           candidate, warmup=warmup, repeats=repeats)

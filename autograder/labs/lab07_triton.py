@@ -23,6 +23,7 @@ import torch
 
 from autograder.judge import evidence
 from autograder.labs import kernelcheck
+from autograder.remote import kernel_side
 from kernels.intmath import cdiv
 from kernels.paged_attention_ref import paged_attention_decode_ref
 from kernels.tiles import kernel_tiles, tokens_per_split
@@ -114,8 +115,7 @@ def launch_decode(kernel, q, k_cache, v_cache, block_tables, context_lens, scale
     if B == 0:
         return out
     tiles = kernel_tiles(N, K, H, block_t, cuda=q.is_cuda)
-    with kernelcheck.quiet_numpy():
-        kernelcheck.fresh_kernel(kernel)[(B, K)](q, k_cache, v_cache, block_tables, context_lens, out,
+    kernelcheck.launch(kernel, (B, K), q, k_cache, v_cache, block_tables, context_lens, out,
                        scale, K, max_blocks, block_size, N // K, H, **tiles)
     return out
 
@@ -149,10 +149,9 @@ def launch_split(kernel, q, k_cache, v_cache, block_tables, context_lens, num_sp
     if B == 0:
         return partials, lse
     tiles = kernel_tiles(N, K, H, block_t, cuda=q.is_cuda)
-    with kernelcheck.quiet_numpy():
-        kernelcheck.fresh_kernel(kernel)[(B, K, num_splits)](
-            q, k_cache, v_cache, block_tables, context_lens, partials, lse, scale, K,
-            max_blocks, block_size, N // K, H, tps, num_splits, **tiles)
+    kernelcheck.launch(kernel, (B, K, num_splits), q, k_cache, v_cache, block_tables,
+                       context_lens, partials, lse, scale, K, max_blocks, block_size, N // K, H,
+                       tps, num_splits, **tiles)
     return partials, lse
 
 
@@ -422,6 +421,7 @@ def _speed_inputs(shape, dry: bool, seed: int):
     return [t.to(device) for t in (q, kc, vc, tables, lens_t)], kv_bytes
 
 
+@kernel_side            # timed where the student's kernel lives (autograder/remote.py)
 def decode_kernel_speed(kernel, *, dry_run: bool = False, check: bool = False,
                         seed: int = 7012, **kw) -> dict:
     """Time the student's decode kernel against the course's on SPEED_DECODE (a GPU;
@@ -451,6 +451,7 @@ def decode_kernel_speed(kernel, *, dry_run: bool = False, check: bool = False,
     return kernelcheck.kernel_speed(student, course, nbytes, dry_run=dry_run, **kw)
 
 
+@kernel_side            # timed where the student's kernel lives (autograder/remote.py)
 def split_kernel_speed(kernel, *, dry_run: bool = False, check: bool = False,
                        seed: int = 7013, **kw) -> dict:
     """The same for the split kernel on SPEED_SPLIT (one sequence of 32k tokens, the case
