@@ -287,6 +287,8 @@ class Endpoint:
         if h is None:
             raise ProtocolError(f"a request {str(op)[:20]} without its object")
         target = self.local(h)
+        if op == "gcall" and not self.share_handles:
+            raise ProtocolError("only the tester differentiates through a call")
         if op in ("call", "gcall"):
             fn, a, kw = target, args[0], args[1]
             if type(a) is not tuple or type(kw) is not dict:

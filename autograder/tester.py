@@ -5,7 +5,9 @@ The job process (autograder/jobs.py) starts it with `python -m autograder.tester
 the student's kernel and talks to it in JSON lines on its stdin / stdout:
 
     {"op": "setup", "grade_id": ..., "source": ...}   a locked setup cell of the lab, run here too
-                                                      (imports, the model, the lab's helpers)
+                                                      (imports, the model, the lab's helpers; not
+                                                      one that runs in the kernel only:
+                                                      tester_plan's "kernel_only")
     {"op": "test", "seq": n, "grade_id": ...,         a test cell: wait for the student's kernel
      "source": ..., "names": [...],                   to connect to SOCKET, run the cell, tell the
      "rebound": [...]}                                kernel it is done

@@ -425,6 +425,33 @@ def test_a_copied_model_trained_by_the_student_comes_back_with_its_gradients():
     p.close()
 
 
+def test_the_kernel_cannot_ask_the_tester_to_bind_launch_or_differentiate():
+    """The requests that only the tester may make ("bind" a name, run a "course" function,
+    "grad" a graph, "gcall"), sent by the student's side while it serves a call, are refused
+    there: nothing is bound, run or differentiated in the tester."""
+    ns: dict = {}
+    p = Pair(ns)
+    ran = []
+    p.ns["spy"] = lambda *a: ran.append(a)
+    tried = []
+
+    def evil(callback):
+        for op, args in [("bind", ("planted", 1)),
+                         ("course", ("autograder.labs.kernelcheck._launch_there", (), {})),
+                         ("grad", ([None],)), ("gcall", ((), {}, ()))]:
+            try:
+                p.student.request(op, callback._id if op in ("grad", "gcall") else None, *args)
+            except Exception as e:            # noqa: BLE001 - each must be refused
+                tried.append((op, type(e).__name__))
+        return "done"
+    ns["evil"] = evil
+    p.ns.student_names = frozenset(ns)
+    assert p.run("out = evil(spy)")["out"] == "done"
+    assert [op for op, _ in tried] == ["bind", "course", "grad", "gcall"], tried
+    assert "planted" not in p.ns and not ran, (tried, ran)
+    p.close()
+
+
 def test_a_shared_object_stays_in_the_tester_and_offers_its_methods_only():
     """remote.shared: lab 05's loop hands the student's step its cache and drafter as handles
     on the tester's own objects: the kernel may call their public methods, read nothing else;
