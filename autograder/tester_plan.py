@@ -18,10 +18,11 @@ def tester_plan(source_nb) -> dict | None:
     one kernel the test would have bound them there, so the tester hands their values over
     after the test, by value); and the locked cells that are not tests but run in the kernel
     only ("kernel_only", grade_ids): those that call the student's code (they read a name an
-    unlocked cell binds, and do more than define functions and classes) and those whose metadata says `{"autograder": {"runs": "kernel"}}` (a
-    class whose objects the student's code changes in place, such as lab 07's BlockPool: the
-    tests make them in the kernel). The tests read what such a cell binds from the kernel, as
-    they read the student's names. None: tests in the kernel."""
+    unlocked cell binds, and do more than define functions and classes) and those whose
+    metadata says `{"autograder": {"runs": "kernel"}}` (a class whose objects the student's
+    code changes in place, such as lab 07's BlockPool: the tests make them in the kernel). The
+    tests read what such a cell binds from the kernel, as they read the student's names.
+    None: tests in the kernel."""
     from .seal import bound_names, defines_only, free_names, imported_names
     if not uses_tester(source_nb):
         return None
