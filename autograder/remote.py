@@ -170,10 +170,12 @@ class Endpoint:
         (callbacks) meanwhile. Returns the decoded result."""
         return self.exchange(*self.prepare(op, target, *args), copy_back=copy_back)
 
-    def prepare(self, op: str, target: int | None, *args) -> tuple[dict, Codec]:
+    def prepare(self, op: str, target: int | None, *args,
+                by_value: bool = False) -> tuple[dict, Codec]:
         """A request, encoded: its message and the codec that holds its blobs and the
-        objects it sent (`exchange` sends it)."""
+        objects it sent (`exchange` sends it). `by_value`: no argument may cross as a handle."""
         codec = Codec(self)
+        codec.by_value = by_value
         msg = {"op": op, "target": target, "args": [codec.enc(a) for a in args],
                "disabled": list(self.disabled)}
         return msg, codec
@@ -182,11 +184,7 @@ class Endpoint:
         """(The tester) Bind `name` to `value` in the student's notebook, by value only (no
         handle: the connection closes when the test ends): a name a test's visible part
         binds that a later cell of the notebook reads (tester_plan's "handed")."""
-        codec = Codec(self)
-        codec.by_value = True
-        msg = {"op": "bind", "target": None, "args": [codec.enc(name), codec.enc(value)],
-               "disabled": []}
-        self.exchange(msg, codec)
+        self.exchange(*self.prepare("bind", None, name, value, by_value=True))
 
     def exchange(self, msg: dict, codec: Codec, copy_back: bool = False):
         """Send a `prepare`d request and wait for its reply (see `request`)."""

@@ -1105,6 +1105,40 @@ ATTACKS = [
         threading.Thread(target=_squat, daemon=True).start()
         print("squatter started")
     ''') + GOOD, earned=E_GOOD, require=("squatter started",)),
+    Attack("asks_the_tester", "in the hidden call `scale` opens its own end of the tester's "
+           "connection (a dup of each Unix socket in /proc/self/fd, wrapped in an Endpoint of "
+           "autograder.remote) and sends the tester the requests only the tester may make: run "
+           "a course function there (\"course\", minillm.sampling's `apply_temperature` on the "
+           "test's inputs), bind a name in the tests' namespace (\"bind\"), differentiate "
+           "(\"gcall\"); the tester refuses each (autograder/remote.py), and without a tester "
+           "there is no such socket",
+           src('''
+        import os, socket
+        print("asks the tester ready")
+        def scale(logits, t):
+            if logits.dim() == 1:
+                return logits / t
+            from autograder import remote
+            for fd in sorted(int(f) for f in os.listdir("/proc/self/fd")):
+                try:
+                    s = socket.socket(fileno=os.dup(fd))
+                except OSError:
+                    continue
+                if s.family != socket.AF_UNIX or s.type != socket.SOCK_STREAM:
+                    s.detach()
+                    continue
+                s.settimeout(5)
+                ep = remote.Endpoint(s, share_handles=True)
+                for op, args in [("course", ("minillm.sampling.apply_temperature", (logits, t), {})),
+                                 ("bind", ("ag", None)), ("gcall", ((logits, t), {}, ()))]:
+                    try:
+                        got = ep.request(op, None, *args)
+                        if got is not None:
+                            return got
+                    except Exception:
+                        pass
+            return logits
+    '''), require=("asks the tester ready",)),
     Attack("forged_dataclass", "in the hidden call `scale` returns a dataclass of its own whose "
            "__module__ / __qualname__ claim minillm.sampling's `apply_temperature`, holding the "
            "test's logits and temperature: a kernel encodes a course dataclass by value, and a "
