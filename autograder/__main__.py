@@ -44,9 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile-cache", action="store_true",
                    help="give each kernel an empty compile cache instead of a copy of the one "
                         "the grader warms (autograder/compile_cache.py)")
-    p.add_argument("--no-reference-run", action="store_true",
-                   help="do not run each lab's own notebook for the values its tests check: "
-                        "the kernels' verdicts alone decide (autograder/judge.py)")
     _limits(p)
 
     p = sub.add_parser("report", help="after grading written answers by hand: build/grades.csv "

@@ -51,7 +51,7 @@ def torch_threads() -> int:
 def restore_torch_threads() -> int:
     """Give torch, in this process, torch_threads() threads; returns that number.
 
-    For the sandboxed kernel (autograder/sealed.py calls it before any student code): the
+    For the sandboxed kernel (autograder/execute.py runs it before any student code): the
     sandbox's syscall filter refuses sched_setaffinity (autograder/syscall_filter.py), which a
     CPU probe uses when torch loads, and torch then starts on one thread whatever
     OMP_NUM_THREADS says."""

@@ -187,15 +187,12 @@ class Course:
     def autograde(self, student: str, lab: str, *, cell_timeout: int | None = None,
                   notebook_timeout: int | None = None, mem_bytes: int | None = None,
                   wall_timeout: float | None = None, sandbox: bool | None = None,
-                  compile_cache: bool = False, evidence: bool = False,
-                  log_dir: Path | None = None) -> GradeRecord:
+                  compile_cache: bool = False, log_dir: Path | None = None) -> GradeRecord:
         """Grade one submission already in build/submitted: build its job, execute it in a
         child process (kernel sandboxed unless `sandbox` is False; None = if this machine has
         the sandbox), then record it with `nbgrader autograde` (see jobs.py). `compile_cache`:
         give the kernel a copy of the lab's warm compile cache (autograder/compile_cache.py),
-        warming it first if this course has none yet: worth it when more submissions follow.
-        `evidence`: judge the tests' values against the lab's reference run
-        (autograder/judge.py), running it first if this course has none yet."""
+        warming it first if this course has none yet: worth it when more submissions follow."""
         from . import jobs
         from .sandbox import sandbox_unavailable_reason
         if sandbox is None:
@@ -208,12 +205,7 @@ class Course:
             job["compile_cache"] = warm(self, lab)
         if wall_timeout:
             job["limits"]["wall_timeout"] = wall_timeout
-        reference = None
-        if evidence and not job.get("rejected"):
-            from .reference_run import reference as reference_run
-            reference = reference_run(self, lab, sandbox=sandbox)
-        return jobs.record(self, job, jobs.execute_job(job), log_dir=log_dir,
-                           reference=reference)
+        return jobs.record(self, job, jobs.execute_job(job), log_dir=log_dir)
 
     def configured_cell_timeout(self) -> int:
         text = (self.root / "nbgrader_config.py").read_text()

@@ -28,23 +28,21 @@ submissions:
   output still missing then is named as such (`OutputLate`), not as an unresponsive kernel
   (after a cell that ran out of time and was interrupted it waits 4 s, and a kernel still busy
   then is `KernelUnresponsive`, as before);
-* before the first cell, the kernel runs `setup_code`: by default `autograder.bind()`, which
-  binds the clock and the helpers the test cells use before any student code can patch them;
-  for a sealed run (`seal`, see autograder/sealed.py) it installs the sealed-cell hook, and
-  after each locked cell the executor collects the kernel's signed verdicts;
+* before the first cell, the kernel runs `KERNEL_PRELUDE` and `setup_code` (no dropped
+  output, fixed malloc thresholds, torch's thread count in the sandbox);
+* with a `tester` (autograder/tester.py), the cells named in `tester_cells` are sent to it as
+  they run in the kernel, and its answers are kept in `tester_answers`;
 * `sandbox` (an autograder.sandbox.SandboxSpec) starts the kernel inside the sandbox.
 
 After a run, `last_report` holds {"notebook", "seconds", "cells", "cell_timeouts",
 "notebook_timeout", "kernel_died", "unresponsive", "unreadable"} (the last three: index of the
-cell, or null)
-and `reports` the kernel's last signed verdicts (autograder/jobs.py checks them).
+cell, or null).
 
 This module imports only nbgrader/nbclient (not torch): nbgrader_config.py loads it by path
 without importing the `autograder` package, to keep `nbgrader` start-up fast.
 """
 from __future__ import annotations
 
-import ast
 import json
 import math
 import os
@@ -56,7 +54,6 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Any, Dict, Integer, Unicode
 
-REPORT_EXPRESSION = "__import__('autograder.sealed').sealed.report()"
 # run in every graded kernel before the first cell: no dropped output, fixed malloc thresholds
 KERNEL_PRELUDE = ("import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko\n"
                   "import autograder.steady_malloc as _sm\n_sm.steady()\ndel _sm")
@@ -93,14 +90,11 @@ class GuardedExecute(Execute):
         900, help="Seconds the whole notebook may run (0 = no limit); cells that would start "
                   "later are not run and score zero.").tag(config=True)
     setup_code = Unicode(
-        "import autograder; autograder.bind()",
+        "import autograder.cores as _c\n_c.restore_torch_threads()\ndel _c",
         help="Run silently in the kernel before the first cell (a failure is logged, not "
              "fatal).").tag(config=True)
 
     sandbox = Any(None, help="autograder.sandbox.SandboxSpec: run the kernel in this sandbox")
-    seal = Dict({}, help="stub source -> key of each sealed (locked) cell; the kernel's setup "
-                         "code installs the sealed-cell hook")
-    reports = Any(None, help="the latest report text the kernel returned (set by the run)")
     tester = Any(None, help="autograder.tester.TesterProcess: runs the hidden tests apart")
     tester_cells = Dict({}, help="stub source -> the tester's command for that cell")
     tester_answer_s = Integer(60, help="seconds to wait for a test's answer from the tester "
@@ -119,20 +113,6 @@ class GuardedExecute(Execute):
                                    "use autograder.sandbox.SandboxKernelManager")
             km.sandbox = self.sandbox
         return km
-
-    def _collect_report(self) -> None:
-        """Ask the kernel for its signed verdicts (autograder.sealed.report); keep the text."""
-        try:
-            msg_id = self.kc.execute("", silent=True, store_history=False,
-                                     user_expressions={"r": REPORT_EXPRESSION})
-            reply = self.wait_for_reply(msg_id)
-            value = (reply or {}).get("content", {}).get("user_expressions", {}).get("r", {})
-            text = value.get("data", {}).get("text/plain") if value.get("status") == "ok" \
-                else None
-            if isinstance(text, str) and len(text) < 10_000_000:
-                self.reports = ast.literal_eval(text)
-        except Exception as e:          # a kernel that breaks the report loses its verdicts
-            self.log.warning("no sealed report from the kernel: %r", e)
 
     def _remaining(self) -> float:
         return self._deadline - monotonic() if self._deadline is not None else math.inf
@@ -217,8 +197,6 @@ class GuardedExecute(Execute):
                         wait = self.tester_answer_s if command["op"] == "test" else \
                             max(self.tester_answer_s, self._get_timeout(cell) or 0)
                         self.tester_answers[cell.source] = self.tester.end(wait)
-                    if cell.source in self.seal:
-                        self._collect_report()
                     report["cells"] += 1
                     if any(o.get("output_type") == "error" and
                            o.get("ename") == self.error_on_timeout.get("ename")

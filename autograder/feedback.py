@@ -16,7 +16,7 @@ from __future__ import annotations
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
-from .seal import HIDDEN_BEGIN, HIDDEN_END, hidden_lines
+from .tester_plan import HIDDEN_BEGIN, HIDDEN_END, hidden_lines
 
 PLACEHOLDER = "# (hidden tests: not shown)"
 REDACTED = "[hidden test code]"

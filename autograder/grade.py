@@ -9,20 +9,20 @@ used for late penalties). Each submission is copied into build/submitted and the
 registered; then, per submission (autograder/jobs.py):
 
 1. the grader builds a job: the notebook with its locked cells restored from the gradebook, the
-   lab's released assets, the limits, and a copy of the lab's compile cache, which the grader
-   warms once with the course's own commands (autograder/compile_cache.py; lab 05); the
-   grader also runs each lab's own notebook once (cached while it is unchanged) for the values
-   its tests check (autograder/judge.py);
+   lab's released assets, its tester plan and withheld references, the limits, and a copy of
+   the lab's compile cache, which the grader warms once with the course's own commands
+   (autograder/compile_cache.py; lab 05);
 2. the jobs are executed, `--jobs N` at a time on this machine (each on CPUs of its own:
    autograder/cores.py) or on the workers of a Dask cluster (`--scheduler tcp://HOST:PORT`),
-   each in a limited child process whose kernel runs in a sandbox (autograder/sandbox.py) with
-   the locked cells sealed (autograder/sealed.py);
+   each in a limited child process whose kernel runs in a sandbox (autograder/sandbox.py) that
+   sees the course with the lab's references withheld (autograder/withheld.py), the tests in
+   the tester beside it (autograder/tester.py);
 3. the grader alone records each result with `nbgrader autograde` (replaying the executed
-   notebook) into the gradebook, one submission at a time, in the order found, after checking
-   that every test that passed in the kernel showed the reference run's values.
+   notebook) into the gradebook, one submission at a time, in the order found.
 
-A crashing, hanging or tampering notebook is graded (zero for what did not run or cannot be
-trusted) and the batch goes on. Then build/grades.csv (`nbgrader export`) and one feedback HTML
+A crashing or hanging notebook is graded (zero for what did not run) and the batch goes on.
+`--similarity` then compares the answers (autograder/similarity.py): it flags, and changes no
+score. Then build/grades.csv (`nbgrader export`) and one feedback HTML
 per student and lab (`nbgrader generate_feedback` -> build/feedback/<student>/<lab>/<lab>.html),
 which shows no hidden test.
 """
@@ -96,7 +96,7 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
                       feedback: bool = True, csv: bool = True, workers: int = 1,
                       scheduler: str | None = None, sandbox: bool = True,
                       feedback_hidden_tests: bool = False, compile_cache: bool = True,
-                      evidence: bool = True, log=print) -> list[GradeRecord]:
+                      log=print) -> list[GradeRecord]:
     """Grade every DIR/<student>/<lab>/ submission (see the module docstring). `sandbox=False`
     runs the kernels without the sandbox (a warning is printed); with `sandbox=True` this
     raises RuntimeError when the machine has no working sandbox."""
@@ -145,19 +145,6 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
                 job["compile_cache"] = caches[job["lab"]]
     for job in jobs:
         job["limits"]["thread_env"] = threads
-    references = {}
-    if evidence:                        # what each test's values must match
-        from .distribute import run_jobs as _run
-        from .reference_run import reference
-
-        def on_cluster(job):
-            # the instructor's notebook runs where the submissions run: on a worker, whose CPU
-            # rounds as the workers' do (and the coordinator need not have bubblewrap)
-            return _run(_jobs.execute_job, [job], scheduler=scheduler, log=log)[0]
-
-        kw = {"execute": on_cluster, "where": scheduler} if scheduler else {}
-        references = {lab: reference(course, lab, log, thread_env=threads, sandbox=sandbox, **kw)
-                      for lab in labs}
     execute, where = _jobs.execute_job, f"on the Dask cluster at {scheduler}"
     if not scheduler:
         where = f"{running} at a time on this machine"
@@ -176,7 +163,7 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
     records = []
     for i, (job, result) in enumerate(zip(jobs, results), 1):
         try:
-            rec = _jobs.record(course, job, result, reference=references.get(job["lab"]))
+            rec = _jobs.record(course, job, result)
         except Exception as e:                  # the batch goes on whatever happens
             log(f"    grader error: {e!r}")
             try:
@@ -265,8 +252,7 @@ def main_grade(args, course: Course | None = None) -> int:
                                 feedback=not args.no_feedback, workers=args.jobs,
                                 scheduler=args.scheduler, sandbox=not args.no_sandbox,
                                 feedback_hidden_tests=args.feedback_with_hidden_tests,
-                                compile_cache=not args.no_compile_cache,
-                                evidence=not args.no_reference_run)
+                                compile_cache=not args.no_compile_cache)
     return 0 if records else 1
 
 

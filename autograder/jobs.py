@@ -2,16 +2,18 @@
 
     build_job(course, student, lab)   grader: the submission's notebooks with nbgrader's locked
                                       cells restored from the gradebook (nbgrader's own
-                                      sanitizing preprocessors), the lab's released assets,
+                                      sanitizing preprocessors), the lab's released assets, its
+                                      tester plan and withheld references (tester_plan.py),
                                       limits (and, added by the grader, the lab's warm compile
                                       cache: autograder/compile_cache.py). A JSON-serialisable
                                       dict, no path into the course.
     execute_job(job) -> result        anywhere (this process, a local pool, a Dask worker): runs
                                       `python -m autograder.jobs IN OUT` under memory / file /
                                       wall-clock limits; that process executes each notebook
-                                      with GuardedExecute, the kernel in a sandbox, the locked
-                                      cells sealed (autograder/sealed.py), and returns the
-                                      executed notebooks and a report. It never sees the
+                                      with GuardedExecute, the kernel in a sandbox that sees the
+                                      course with the lab's references withheld (withheld.py),
+                                      the tests in the tester beside it (tester.py), and returns
+                                      the executed notebooks and a report. It never sees the
                                       gradebook, the instructor's notebooks or other jobs.
                                       `execute_on_own_cores(slots)` pins each running job to
                                       CPUs of its own (`grade --jobs N`, autograder/cores.py).
@@ -19,32 +21,28 @@
                                       notebooks (ReplayExecute), so nbgrader scores them and
                                       writes the gradebook; returns the GradeRecord.
 
-Inside the job process the trusted executor turns each signed verdict into the test cell's
-outputs: a passing test keeps no error output, a failing one gets exactly its failure message
-(never a traceback through hidden test code), and a test cell without a signed verdict scores
-zero with status `tampered: ...`. It also takes the values the tests showed (autograder/judge.py)
-out of the notebook into the report; `record` compares them with the lab's reference run
-(`build_reference_job`: the lab's own notebook, run as a job) before nbgrader scores anything.
+In the kernel a test cell is replaced by `kernel_side.serve(...)`: the kernel answers the
+tester's calls while the tester runs the cell. The cell's outputs then say the tester's verdict:
+what the test printed, and its failure message if it failed (never a traceback through hidden
+test code).
 """
 from __future__ import annotations
 
 import base64
 import json
 import os
-import secrets
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from .tester_plan import tester_plan
+from .tester_plan import tester_plan, to_python, withheld_of
 
 MAX_NOTEBOOK_BYTES = 25 << 20       # a lab notebook with outputs is well under 1 MB
 MAX_CELLS = 2000                    # the largest lab has under 100
 MAX_EXTRA_BYTES = 20 << 20          # the student's own files beside the notebook
 MAX_CELL_OUTPUT = 1 << 20           # characters of output kept per cell
 JOB_MARGIN_S = 120                  # kernel start-up and shut-down around the notebook limit
-SEAL_FILE = ".autograder_sealed.json"
 COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"   # where Inductor keeps its compiled code
 TESTER_SOCKET = "tester.sock"       # in the kernel's runtime folder (autograder/tester.py)
 
@@ -94,31 +92,6 @@ def _sanitize(course, student: str, lab: str, name: str, path: Path):
     return nb
 
 
-def _plan_tester(job: dict, course, lab: str, name: str, source_nb) -> None:
-    """Notebook `name`'s tester plan, and the assets for the tester's own folder."""
-    plan = tester_plan(source_nb)
-    if plan is not None:
-        job.setdefault("tester", {})[name] = plan
-        job["tester_files"] = pack_files(course.release_dir(lab))
-
-
-def trusted_names(source_nb) -> dict[str, list[str]]:
-    """grade_id of each locked setup cell -> the names it binds that the tests must see as it
-    bound them (names the lab's own unlocked cells also assign, like loop variables, excluded)."""
-    from .seal import bound_names
-    free: set[str] = set()
-    for c in source_nb.cells:
-        m = c.metadata.get("nbgrader", {})
-        if c.cell_type == "code" and not m.get("locked"):
-            free |= bound_names(c.source)
-    out = {}
-    for c in source_nb.cells:
-        m = c.metadata.get("nbgrader", {})
-        if c.cell_type == "code" and m.get("locked") and not m.get("grade"):
-            out[m["grade_id"]] = sorted(bound_names(c.source) - free)
-    return out
-
-
 def pack_files(folder: Path, limit: int | None = None) -> dict[str, str]:
     """Files under `folder` (no notebooks), never through a symlink: a submission may hold a
     link to the instructor's labs/ or the gradebook. {relative path: base64}; JobError past
@@ -161,7 +134,8 @@ def install_compile_cache(files: dict[str, str], folder: Path) -> dict[str, str]
 
 def _new_job(course, student: str, lab: str, cell_timeout: int | None,
              notebook_timeout: int | None, mem_bytes: int | None, sandbox: bool) -> dict:
-    return {"student": student, "lab": lab, "notebooks": {}, "files": {}, "trust": {},
+    return {"student": student, "lab": lab, "notebooks": {}, "files": {}, "plans": {},
+            "withheld": {}, "tester_files": pack_files(course.release_dir(lab)),
             "sandbox": sandbox,
             "limits": {"cell_timeout": cell_timeout or course.configured_cell_timeout(),
                        "notebook_timeout": notebook_timeout or
@@ -180,8 +154,8 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
         job["files"].update(pack_files(course.release_dir(lab)))      # the course's assets win
         for name in _notebook_names(course, lab):
             source = nbformat.read(str(course.source(lab) / f"{name}.ipynb"), as_version=4)
-            job["trust"].update(trusted_names(source))
-            _plan_tester(job, course, lab, name, source)
+            job["plans"][name] = tester_plan(source)
+            job["withheld"].update(withheld_of(source))
             path = folder / f"{name}.ipynb"
             if path.is_symlink():         # a link to labs/ would grade the instructor's notebook
                 raise JobError(f"rejected: {path.name} is a symbolic link, not a notebook")
@@ -191,45 +165,6 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
     except JobError as e:
         job["rejected"] = str(e)
     return job
-
-
-def build_reference_job(course, lab: str, *, sandbox: bool = True) -> dict:
-    """The job of the lab's source notebook, solutions included (the reference run of
-    autograder/reference_run.py): executed like a submission, sealed and sandboxed the same
-    way, without the free code cells that no later nbgrader cell needs (`_needed_cells`)."""
-    import nbformat
-    job = _new_job(course, "reference", lab, None, None, None, sandbox)
-    job["files"] = pack_files(course.release_dir(lab))
-    for name in _notebook_names(course, lab):
-        source = nbformat.read(str(course.source(lab) / f"{name}.ipynb"), as_version=4)
-        job["trust"].update(trusted_names(source))
-        _plan_tester(job, course, lab, name, source)
-        code = [c for c in source.cells if c.cell_type == "code"]
-        keep = _needed_cells(code)
-        for cell, kept in zip(code, keep):
-            cell.outputs, cell.execution_count = [], None
-            if not kept:
-                cell.source = "# a free cell no test needs: not run in the reference run"
-        job["notebooks"][name] = nbformat.writes(source)
-    return job
-
-
-def _needed_cells(cells) -> list[bool]:
-    """Which code cells a reference run executes: every nbgrader cell (locked, solution or
-    graded), and each free cell (the lab's measurements and plots) that binds a name a later
-    executed cell reads without binding it itself, found backwards from the last cell. A cell
-    that does not parse is kept."""
-    from .seal import bound_names, free_names
-    needed: set[str] = set()
-    keep = [False] * len(cells)
-    for i in range(len(cells) - 1, -1, -1):
-        role = cells[i].metadata.get("nbgrader", {})
-        used = free_names(cells[i].source)
-        keep[i] = bool(role.get("locked") or role.get("solution") or role.get("grade")) or \
-            used is None or bool(bound_names(cells[i].source) & needed)
-        if keep[i]:
-            needed |= used or set()
-    return keep
 
 
 def execute_job(job: dict) -> dict:
@@ -280,15 +215,6 @@ def _error(ename: str, evalue: str) -> dict:
     return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
-def _split_message(message: str) -> tuple[str, str]:
-    if message.isidentifier():                  # an exception without a message
-        return message, ""
-    head, sep, rest = message.partition(": ")
-    if sep and head.isidentifier():
-        return head, rest
-    return "AssertionError", message
-
-
 def _cap_outputs(cell) -> None:
     """At most MAX_CELL_OUTPUT characters of text per cell (a submission may print 100 MB)."""
     kept, total, cut = [], 0, False
@@ -312,169 +238,125 @@ def _cap_outputs(cell) -> None:
     cell.outputs = kept
 
 
-def _sandbox_spec(work: Path, runtime: Path, cache_env: dict):
-    """The kernel's sandbox; `cache_env`: install_compile_cache()'s environment naming the kernel's copy of
-    the compile cache, which is bound into the sandbox read-write."""
-    from . import sandbox
+def _sandbox_spec(work: Path, runtime: Path, cache_env: dict, course: Path, links: list):
+    """The kernel's sandbox: the course packages from `course` (the copy with the lab's
+    references withheld, and the installed folders it links to), never the installed ones;
+    `cache_env`: install_compile_cache()'s environment naming the kernel's copy of the compile
+    cache, which is bound into the sandbox read-write."""
+    from . import sandbox, withheld
     home = work.parent / "home"
     home.mkdir(exist_ok=True)
-    return sandbox.SandboxSpec(workdir=work, runtime_dir=runtime,
-                               ro_paths=sandbox.default_ro_paths(),
-                               env={**sandbox.default_env(home), **cache_env},
+    hidden = {withheld.package_dir(p) for p in withheld.PACKAGES}
+    ro = [p for p in sandbox.default_ro_paths() if p not in hidden] + [course, *links]
+    env = sandbox.default_env(home)
+    env["PYTHONPATH"] = f"{course}{os.pathsep}{env['PYTHONPATH']}"
+    return sandbox.SandboxSpec(workdir=work, runtime_dir=runtime, ro_paths=ro,
+                               env={**env, **cache_env},
                                rw_paths=[Path(cache_env[COMPILE_CACHE_ENV])]
                                if COMPILE_CACHE_ENV in cache_env else [])
 
 
-def _seal(nb, tester: dict | None = None, socket_path: str = "") -> tuple:
-    """Replace each locked code cell by its stub. Returns (stub -> key, key -> cell info for
-    the kernel, key -> original source, stub -> the tester's command). With a `tester` plan,
-    setup cells run in the tester too, test cells there alone (the kernel's stub serves it)."""
-    from .seal import stub, to_python
-    stubs, table, original, commands = {}, {}, {}, {}
-    for cell in nb.cells:
+def _split_cells(nb, plan: dict, socket_path: str) -> tuple[dict, dict]:
+    """Each test cell becomes the kernel's side of the test (kernel_side.serve); each locked
+    setup cell also runs in the tester, unless it runs in the kernel only. Returns (the
+    kernel's source of each test cell -> its own source, the kernel's source of each cell the
+    tester runs -> the tester's command)."""
+    original, commands = {}, {}
+    for i, cell in enumerate(nb.cells):
         m = cell.metadata.get("nbgrader", {})
         if cell.cell_type != "code" or not m.get("locked") or m.get("solution") or \
                 not cell.source.strip():
             continue
-        key = secrets.token_hex(16)
-        gid, kind = m.get("grade_id", "?"), "test" if m.get("grade") else "setup"
-        source = to_python(cell.source)
-        command = None
-        if tester is not None and kind == "setup":
-            if gid not in tester.get("kernel_only", []):   # (one that runs in the kernel only)
-                command = {"op": "setup", "grade_id": gid, "source": source}
-        elif tester is not None:
-            command = {"op": "test", "grade_id": gid, "source": source,
-                       "names": tester["names"], "modules": tester.get("modules", "stand-in"),
-                       "rebound": tester.get("rebound", {}).get(gid, []),
-                       "handed": tester.get("handed", {}).get(gid, [])}
-            source = f"__import__('autograder.remote').remote.serve({socket_path!r})\n"
-        table[key] = {"source": source, "grade_id": gid, "kind": kind,
-                      "in_tester": command is not None and kind == "test"}
-        original[key] = cell.source
-        cell.source = stub(key)
-        stubs[cell.source] = key
-        if command is not None:
-            commands[cell.source] = command
-    return stubs, table, original, commands
+        gid = m.get("grade_id", "?")
+        if not m.get("grade"):
+            if gid not in plan["kernel_only"]:
+                commands[cell.source] = {"op": "setup", "grade_id": gid,
+                                         "source": to_python(cell.source)}
+            continue
+        command = {"op": "test", "grade_id": gid, "source": to_python(cell.source),
+                   "names": plan["names"]}
+        served = (f"# {gid}: the grader runs this test apart and your kernel answers its calls\n"
+                  f"__import__('autograder.kernel_side').kernel_side.serve({socket_path!r})"
+                  f"  # cell {i}\n")
+        original[served], commands[served] = cell.source, command
+        cell.source = served
+    return original, commands
 
 
-def _apply_verdicts(nb, stubs: dict, table: dict, original: dict, records: dict | None,
-                    report: dict, answers: dict | None = None) -> list[str]:
-    """Put back each locked cell's source; make each test cell's outputs say its verdict.
-    `answers`: stub -> the tester's answer, for each test cell run there.
-    Returns what the notebook tampered with."""
-    tampered = []
+def _apply_verdicts(nb, original: dict, answers: dict, report: dict) -> None:
+    """Put back each test cell's source; its outputs say the tester's verdict. A setup cell
+    that failed in the tester is logged (the grader's own failure)."""
+    from nbformat.v4 import new_output
     stopped = {"KernelDied", "KernelUnresponsive", "OutputLate", "KernelUnreadable",
                "NotebookTimeout", "CellTimeoutError"}
     for cell in nb.cells:
-        key = stubs.get(cell.source) if cell.cell_type == "code" else None
-        if key is None:
+        if cell.cell_type != "code":
             continue
-        answer = (answers or {}).get(cell.source)
-        info, cell.source = table[key], original[key]
-        outputs = cell.get("outputs", [])
-        errors = [o for o in outputs if o.get("output_type") == "error"]
-        plain = [o for o in outputs if o.get("output_type") != "error"]
-        ran = not any(o.get("ename") in stopped for o in errors)
-        rec = (records or {}).get(key)
-        if info["kind"] == "test":          # the stub returns None: a result is an injection,
-            plain = [o for o in plain       # and nbgrader would read a number as partial credit
-                     if o.get("output_type") != "execute_result"]
-        if rec is not None and rec.get("tampered"):
-            tampered.append(f"{info['grade_id']}: {rec.get('message')}")
-        if info["kind"] != "test":
-            if answer is not None and not answer.get("ok"):     # the grader's own failure
+        answer = answers.get(cell.source)
+        if cell.source not in original:
+            if answer is not None and not answer.get("ok"):
+                gid = cell.metadata.get("nbgrader", {}).get("grade_id")
                 report.setdefault("tester_setup_errors", []).append(
-                    f"{info['grade_id']}: {answer.get('ename')}: {answer.get('evalue')}")
-            if rec is not None and not rec.get("ok"):
-                errors = [_error(*_split_message(str(rec.get("message"))))]
-            cell.outputs = plain + [_error(e.get("ename", "Error"), e.get("evalue", ""))
-                                    for e in errors[:1]]
+                    f"{gid}: {answer.get('ename')}: {answer.get('evalue')}")
             continue
-        if rec is None:
-            if ran:
-                why = "no signed verdict for this test: the notebook interfered with grading"
-                tampered.append(f"{info['grade_id']}: no signed verdict")
-                cell.outputs = plain + [_error("Tampered", why)]
-            else:
-                cell.outputs = plain + [_error(e.get("ename", "Error"), e.get("evalue", ""))
-                                        for e in errors[:1]]
-        elif rec.get("ok") and info.get("in_tester"):   # the kernel answered the tester
-            from nbformat.v4 import new_output
-            answer = answer or {"ok": False, "ename": "NotRun", "evalue": "no tester answer"}
-            shown = [new_output("stream", name="stdout", text=answer["stdout"])] \
-                if answer.get("stdout") else []
-            cell.outputs = plain + shown + ([] if answer.get("ok") else [
-                _error(str(answer.get("ename") or "Error"), str(answer.get("evalue", "")))])
-        elif rec.get("ok"):
-            cell.outputs = plain
-        else:
-            cell.outputs = plain + [_error(*_split_message(str(rec.get("message", "failed"))))]
-    report["tampered"] = tampered
-    return tampered
+        cell.source = original[cell.source]
+        outputs = cell.get("outputs", [])
+        kept = [o for o in outputs if o.get("output_type") not in ("error", "execute_result")]
+        stop = [o for o in outputs if o.get("output_type") == "error" and o.get("ename") in stopped]
+        answer = answer or {"ok": False, "ename": "NotRun", "evalue": "the test did not run"}
+        shown = [new_output("stream", name="stdout", text=answer["stdout"])] \
+            if answer.get("stdout") else []
+        error = [] if answer.get("ok") else stop[:1] or [
+            _error(str(answer.get("ename") or "Error"), str(answer.get("evalue", "")))]
+        cell.outputs = kept + shown + error
 
 
-def _execute_notebook(nb, work: Path, runtime: Path, job: dict, log,
-                      plan: dict | None = None) -> dict:
-    """Run one sanitized notebook in this process's executor (`plan`: its tester plan, if any);
-    returns the report."""
+def _execute_notebook(nb, base: Path, job: dict, log, plan: dict) -> dict:
+    """Run one sanitized notebook: the kernel in `base`/work, the tester beside it; returns
+    the report."""
+    from . import withheld
     from .execute import GuardedExecute
-    from .seal import verify
+    from .tester import TesterProcess
+    work, runtime = base / "work", _socket_dir(base)
+    work.mkdir()
+    unpack_files(job["files"], work)
     lim = job["limits"]
     socket_path = str(runtime / TESTER_SOCKET)
-    stubs, table, original, commands = _seal(nb, plan, socket_path)
-    tester = None
-    if plan is not None:
-        from .tester import TesterProcess
-        home = work.parent / "tester"
-        home.mkdir()
-        unpack_files(job.get("tester_files") or {}, home)
-        tester = TesterProcess(socket_path, cwd=str(home))
-    for key, info in table.items():
-        if info["kind"] == "setup":
-            info["trust"] = job["trust"].get(info["grade_id"], [])
-    secret = secrets.token_bytes(32)
-    seal_path = work / SEAL_FILE
-    seal_path.write_text(json.dumps({"key": secret.hex(), "cells": table}))
+    original, commands = _split_cells(nb, plan, socket_path)
+    home = base / "tester"
+    home.mkdir()
+    unpack_files(job.get("tester_files") or {}, home)
+    course, links = withheld.build(job.get("withheld") or {}, job["lab"], base / "course")
     # this kernel's own copy of the grader's warm compile cache (autograder/compile_cache.py)
-    cache_env = install_compile_cache(job.get("compile_cache") or {},
-                                      work.parent / "compile_cache")
+    cache_env = install_compile_cache(job.get("compile_cache") or {}, base / "compile_cache")
     kw = {}
     if job.get("sandbox"):
         from .sandbox import SandboxKernelManager
         kw = {"kernel_manager_class": SandboxKernelManager,
-              "sandbox": _sandbox_spec(work, runtime, cache_env)}
+              "sandbox": _sandbox_spec(work, runtime, cache_env, course, links)}
     else:                               # the kernel inherits this process's environment
         os.environ.update(cache_env)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(course)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    tester = TesterProcess(socket_path, cwd=str(home))
     ex = GuardedExecute(timeout=lim["cell_timeout"], notebook_timeout=lim["notebook_timeout"],
                         startup_timeout=120, interrupt_on_timeout=True, allow_errors=True,
-                        seal=stubs, kernel_name="python3", tester=tester,
-                        tester_cells=commands,
-                        setup_code=f"import autograder.sealed as _s\n_s.install({str(seal_path)!r})"
-                                   f"\ndel _s", **kw)
-    resources = {"metadata": {"path": str(work)}}
+                        kernel_name="python3", tester=tester, tester_cells=commands, **kw)
     try:
-        ex.preprocess(nb, resources)
+        ex.preprocess(nb, {"metadata": {"path": str(work)}})
     finally:
-        if tester is not None:
-            tester.close()
+        tester.close()
+        shutil.rmtree(runtime, ignore_errors=True)
     report = dict(getattr(ex, "last_report", {}) or {})
-    records = verify(ex.reports, secret) if ex.reports else None
-    if stubs and records is None:
-        log("no signed report from the kernel")
     if ex.setup_error:                  # before any student code: the grader's own failure
         report["setup_error"] = ex.setup_error
-        log(f"the sealed-cell setup failed in the kernel: {ex.setup_error}")
-    _apply_verdicts(nb, stubs, table, original, records, report, ex.tester_answers)
+        log(f"the grader's set-up failed in the kernel: {ex.setup_error}")
+    _apply_verdicts(nb, original, ex.tester_answers, report)
     for line in report.get("tester_setup_errors", []):
         log(f"a setup cell failed in the tester: {line}")
-    from .judge import take  # the values the tests checked, judged by the grader
-    report["evidence"] = take(nb, {i["grade_id"] for i in table.values() if i["kind"] == "test"})
     for cell in nb.cells:
         if cell.cell_type == "code":
             _cap_outputs(cell)
-    seal_path.unlink(missing_ok=True)
     return report
 
 
@@ -492,14 +374,9 @@ def _main(folder: str) -> int:
     for name, text in job["notebooks"].items():
         nb = nbformat.reads(text, as_version=4)
         base = Path(tempfile.mkdtemp(prefix="run_", dir=tmp))
-        work, runtime = base / "work", _socket_dir(base)
-        work.mkdir()
-        unpack_files(job["files"], work)
-        result["reports"][name] = _execute_notebook(nb, work, runtime, job, print,
-                                                    (job.get("tester") or {}).get(name))
+        result["reports"][name] = _execute_notebook(nb, base, job, print, job["plans"][name])
         result["notebooks"][name] = nbformat.writes(nb)
         shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(runtime, ignore_errors=True)
     (tmp / "result.json").write_text(json.dumps(result))
     return 0
 
@@ -524,9 +401,6 @@ def status_of(result: dict) -> str:
     setup = [r["setup_error"] for r in reports if r.get("setup_error")]
     if setup:
         return f"failed: the grader's set-up did not run in the kernel ({setup[0]})"
-    tampered = [t for r in reports for t in r.get("tampered", [])]
-    if tampered:
-        return "tampered: " + tampered[0]
     if any(r.get("kernel_died") is not None for r in reports):
         return "kernel died"
     if any(r.get("unresponsive") is not None for r in reports):
@@ -540,18 +414,12 @@ def status_of(result: dict) -> str:
     return "ok"
 
 
-def record(course, job: dict, result: dict, *, log_dir: Path | None = None,
-           reference: dict | None = None):
-    """nbgrader autograde with the executed notebooks replayed; the GradeRecord. `reference`:
-    the lab's reference-run evidence (autograder/judge.py), which each test that passed in
-    the kernel must match."""
+def record(course, job: dict, result: dict, *, log_dir: Path | None = None):
+    """nbgrader autograde with the executed notebooks replayed; the GradeRecord."""
     import nbformat
 
     from .records import GradeRecord
     student, lab = job["student"], job["lab"]
-    if reference and not result.get("error") and not job.get("rejected"):
-        from .judge import judge
-        judge(result, reference)
     replay_root = course.build / "executed"
     dest = replay_root / student / lab
     shutil.rmtree(dest, ignore_errors=True)

@@ -1,14 +1,12 @@
 """The kernel's side of its output channel: every message reaches the grader, however slowly the
 grader reads.
 
-A kernel sends its outputs (prints, displays, the evidence of autograder/judge.py, "idle") on
-its IOPub socket, a ZeroMQ XPUB. By default such a socket drops what it cannot queue: past about
-a thousand messages waiting on each side (the high-water marks), the newest are thrown away
-without a word. A test cell that shows a few thousand evidence items, run on a busy machine
-whose grader reads slower than the kernel writes, lost a run of them in the middle, and its
-reference run no longer matched an honest submission (lab 07's `07_cow_test`); when "idle" is
-the message thrown away, the grader waits for it until its timeout and calls the kernel
-unresponsive.
+A kernel sends its outputs (prints, displays, "idle") on its IOPub socket, a ZeroMQ XPUB. By
+default such a socket drops what it cannot queue: past about a thousand messages waiting on each
+side (the high-water marks), the newest are thrown away without a word. A cell that printed a
+few thousand items on a busy machine, whose grader read slower than the kernel wrote, lost a run
+of them in the middle; when "idle" is the message thrown away, the grader waits for it until its
+timeout and calls the kernel unresponsive.
 
 `no_drop()`, run in the kernel before the first cell (autograder/execute.py), sets
 XPUB_NODROP: a full queue then makes the kernel's IOPub thread wait, and the kernel's cell with

@@ -53,7 +53,7 @@ What it does not guarantee:
   autograder/cores.py) and calls through another ABI; the rest of the host kernel's
   system-call surface is reachable (a kernel exploit escapes any namespace sandbox). When torch
   loads, a CPU probe pins the process to each CPU in turn; refused, it leaves torch on one
-  thread, so the graded kernel's setup (autograder/sealed.py) sets torch's thread count again
+  thread, so the graded kernel's setup (autograder/execute.py) sets torch's thread count again
   (`cores.restore_torch_threads`), and processes the kernel starts set their own (lab 05's
   bench: `--threads 1`);
 * no GPU: /dev holds only null, zero, full, random, urandom, tty, pts and shm; CUDA device

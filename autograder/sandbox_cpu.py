@@ -1,10 +1,10 @@
 """The CPU time of a student's kernel, read from outside it: the clock of the tester's speed
 checks (autograder/tester.py).
 
-A test that runs in the tester calls the student's code in the student's kernel (remote.py), so
-the tester's own CPU time (`time.process_time`) leaves out the work it is meant to time: lab 01
-timed `serve_batched` at 1.26x instead of the 1.8x it reaches, because only the tester's share of
-each call was counted. Nothing the kernel says about itself can be trusted, so the tester reads
+A test that runs in the tester calls the student's code in the student's kernel
+(autograder/kernel_side.py), so the tester's own CPU time (`time.process_time`) leaves out the
+work it is meant to time: lab 01 timed `serve_batched` at 1.26x instead of the 1.8x it reaches,
+because only the tester's share of each call was counted. Nothing the kernel says about itself can be trusted, so the tester reads
 the kernel's CPU time from Linux, from outside:
 
 * which processes: the kernel's whole sandbox. The kernel's pid comes from the connection it
@@ -13,15 +13,14 @@ the kernel's CPU time from Linux, from outside:
   orphans included, descends from the namespace's first process, so the meter walks up from the
   kernel to that process and counts it and all its descendants; without a sandbox, the kernel
   and its descendants;
-* the fine clock: the sum of `/proc/<pid>/task/<tid>/schedstat` (the scheduler's nanoseconds on
-  the CPU, per thread) over every live thread of those processes;
-* the coarse check: a thread or process that ends takes its nanoseconds with it, so work done in
-  short-lived threads or children would vanish from the fine clock. `/proc/<pid>/stat`'s
-  utime + stime + cutime + cstime (clock ticks: 10 ms) keep the time of ended threads and of
-  waited-for children. `SandboxMeter.check` compares the two over a whole measurement: when the
-  coarse count grew by more than the fine one plus a few ticks, some work escaped the fine
-  clock, and the measurement is refused (`UnaccountedWork`, an AssertionError: the test fails
-  and says why).
+* the fine clock: the sum of each process's CPU clock (`clock_gettime` on the process's CPU-time
+  clock, in nanoseconds), which counts every thread the process ran, ended ones included: a
+  thread pool is timed like any other work;
+* the coarse check: a child process that ends takes its nanoseconds with it (only its parent's
+  `cutime` / `cstime` in `/proc/<pid>/stat`, clock ticks of 10 ms, keep them), so work done in
+  short-lived processes would vanish from the fine clock. `SandboxMeter.check` compares the two
+  over a whole measurement: when the children's ticks grew by more than a few, the measurement
+  is refused (`UnaccountedWork`, an AssertionError: the test fails and says why).
 
 What it does not see: time spent in the kernel on behalf of the process outside its threads
 (interrupts, other processes' page-ins), as any CPU clock.
@@ -37,12 +36,12 @@ __all__ = ["SandboxMeter", "UnaccountedWork", "peer_pid"]
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 SLACK_TICKS = 4              # rounding of the coarse count, per measurement
-SLACK_FRACTION = 0.05        # and of its split between threads
+SLACK_FRACTION = 0.05        # of the fine clock that ended children may use
 
 
 class UnaccountedWork(AssertionError):
-    """The student's code did work the fine clock cannot time (threads or processes that ended
-    during a timed check)."""
+    """The student's code did work the fine clock cannot time (processes that ended during a
+    timed check)."""
 
 
 def peer_pid(conn: socket.socket) -> int:
@@ -96,21 +95,19 @@ def _children(pid: int) -> list[int]:
 
 
 def _coarse_ticks(pid: int) -> int:
+    """The ticks of the children `pid` waited for (cutime + cstime)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     # after the command: state ppid ... utime(14) stime(15) cutime(16) cstime(17), 1-based
-    return sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return int(fields[13]) + int(fields[14])
 
 
 def _fine_ns(pid: int) -> int:
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass                    # a thread that ended between the listing and the read
-    return total
+    """The process's CPU time, all its threads (ended ones too): its CPU-time clock."""
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | 2)     # CPUCLOCK_SCHED, process-wide
+    except OSError:
+        raise ProcessLookupError(pid) from None
 
 
 class SandboxMeter:
@@ -154,16 +151,15 @@ class SandboxMeter:
         return fine * 1e-9
 
     def check(self, before: tuple[float, float], after: tuple[float, float]) -> None:
-        """UnaccountedWork when, between the two readings, the coarse count grew by more than
-        the fine one allows for (see the module docstring)."""
+        """UnaccountedWork when, between the two readings, the ended children's ticks grew by
+        more than a few (see the module docstring)."""
         fine = after[0] - before[0]
         coarse = after[1] - before[1]
-        if coarse > fine * (1 + SLACK_FRACTION) + SLACK_TICKS * TICK_S:
+        if coarse > SLACK_FRACTION * fine + SLACK_TICKS * TICK_S:
             raise UnaccountedWork(
-                f"during this timed check your kernel used {coarse:.2f} s of CPU, of which "
-                f"{coarse - fine:.2f} s in threads or processes that ended before they could be "
-                "timed: do the work in the calls the check makes, not in threads or processes "
-                "you start")
+                f"during this timed check your kernel's child processes used {coarse:.2f} s "
+                "of CPU and ended before they could be timed: do the work in your kernel's "
+                "process (threads are fine), not in processes you start and end per call")
 
 
 def cpu_clock(meter_of):

@@ -1,26 +1,27 @@
 """The tester: a process of the grader's that runs a lab's test cells (visible and hidden
-parts), apart from the student's kernel (autograder/remote.py says why and what crosses).
+parts), apart from the student's kernel.
 
 The job process (autograder/jobs.py) starts it with `python -m autograder.tester SOCKET` beside
 the student's kernel and talks to it in JSON lines on its stdin / stdout:
 
-    {"op": "setup", "grade_id": ..., "source": ...}   a locked setup cell of the lab, run here too
-                                                      (imports, the model, the lab's helpers; not
-                                                      one that runs in the kernel only:
-                                                      tester_plan's "kernel_only")
+    {"op": "setup", "grade_id": ..., "source": ...}   a locked setup cell of the lab, run here
+                                                      too (imports, the model, the lab's helpers)
     {"op": "test", "seq": n, "grade_id": ...,         a test cell: wait for the student's kernel
-     "source": ..., "names": [...],                   to connect to SOCKET, run the cell, tell the
-     "rebound": [...]}                                kernel it is done
+     "source": ..., "names": [...]}                   to connect to SOCKET, run the cell, tell the
+                                                      kernel it is done
     {"op": "abort", "seq": n}                         (while test n waits) the kernel will not
                                                       connect; ignored once it has
     {"op": "quit"}
 
 and answers each setup and test with {"ok": bool, "ename": ..., "evalue": ..., "stdout": ...}.
+
 A test reads the student's definitions by name, only the `names` the lab's unlocked cells bind
-(imports excluded): anything else it does not define itself is a NameError, so a student cannot
-hand the tester a helper or a module of its own. The tester never runs the student's code,
-never unpickles what the kernel sends, and gives the kernel nothing but call-only handles to the
-objects a test passes it (the model as a stand-in module, functions; remote.py).
+(autograder/tester_plan.py): a function or class of theirs is a `StudentFunction`, whose calls
+run in the kernel with plain values both ways (autograder/plain.py, autograder/kernel_side.py);
+any other value of theirs is fetched by value. A probe (autograder/probes.py) runs in the kernel.
+The tester never runs the student's code, never unpickles what the kernel sends, and sends it
+nothing but plain values and the names of the student's own objects. Speed checks time the
+tester's CPU and the kernel's whole sandbox's, read from Linux (autograder/sandbox_cpu.py).
 """
 from __future__ import annotations
 
@@ -34,28 +35,115 @@ import socket
 import sys
 import time
 
-from . import remote, steady_malloc
+from . import probes, steady_malloc
+from .kernel_side import MAX_TEXT
+from .plain import Codec, Disconnected, ProtocolError, StudentRef, recv, send
 from .sandbox_cpu import SandboxMeter, UnaccountedWork, cpu_clock
 
 MAX_STDOUT = 100_000         # characters of a test's own printing that are kept
 
+# exceptions of the student's code that keep their type when they cross; others: StudentError
+BUILTIN_ERRORS = {e.__name__: e for e in (
+    AssertionError, ValueError, TypeError, RuntimeError, IndexError, KeyError, AttributeError,
+    NotImplementedError, ZeroDivisionError, ArithmeticError, OverflowError, LookupError,
+    StopIteration, NameError)}
+
+
+class StudentError(Exception):
+    """An exception of a type the tester does not recreate, raised by the student's code."""
+
+
+class StudentFunction(StudentRef):
+    """A function or class of the student's notebook: calling it runs it in their kernel."""
+
+    def __call__(self, *args, **kwargs):
+        kernel = probes.connection()
+        if kernel is None:
+            raise RuntimeError(f"{self.name} belongs to a test that has ended")
+        return kernel.request({"op": "call", "name": self.name}, args, kwargs)
+
+
+class Kernel:
+    """The tester's connection to the student's kernel during one test."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+
+    def request(self, message: dict, args: tuple = (), kwargs: dict | None = None):
+        out = Codec()
+        message = {**message, "args": out.enc(tuple(args), where="an argument"),
+                   "kwargs": out.enc(dict(kwargs or {}), where="an argument")}
+        send(self.conn, message, out.blobs)
+        reply, blobs = recv(self.conn)
+        if "err" in reply:
+            name, text = (list(reply["err"]) + ["", ""])[:2]
+            cls = BUILTIN_ERRORS.get(name)
+            text = str(text)[:MAX_TEXT]
+            raise cls(text) if cls is not None else StudentError(f"{str(name)[:80]}: {text}")
+        got = Codec(blobs)
+        value = got.dec(reply.get("ok"))
+        for change in reply.get("changed", []) if type(reply.get("changed")) is list else ():
+            if type(change) is not list or len(change) != 2 or type(change[0]) is not int \
+                    or not 0 <= change[0] < len(args):
+                raise ProtocolError("a changed argument out of range")
+            _copy_into(args[change[0]], got.dec(change[1]))
+        return value
+
+    def lookup(self, name: str):
+        value = self.request({"op": "lookup", "name": name})
+        if value == {"callable": True}:
+            return StudentFunction(name)
+        return value
+
+    def probe(self, name: str, args: tuple, kwargs: dict):
+        return self.request({"op": "probe", "fn": name}, args, kwargs)
+
+    def done(self) -> None:
+        send(self.conn, {"op": "done"}, [])
+        recv(self.conn)
+
+
+def _copy_into(old, new) -> None:
+    """Make the tester's argument `old` hold what the student's call left in its copy."""
+    import numpy as np
+    import torch
+    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+        with torch.no_grad():
+            if old.shape == new.shape and old.dtype == new.dtype:
+                old.copy_(new)
+            else:
+                old.set_(new.clone())
+    elif type(old) is list and type(new) is list:
+        old[:] = new
+    elif type(old) is dict and type(new) is dict:
+        old.clear()
+        old.update(new)
+    elif isinstance(old, torch.Generator) and isinstance(new, torch.Generator):
+        old.set_state(new.get_state())
+    elif isinstance(old, np.ndarray) and isinstance(new, np.ndarray) and old.shape == new.shape:
+        old[...] = new
+    else:
+        raise ProtocolError("an argument changed into something else")
+
 
 class Namespace(dict):
-    """The tests' globals: what the setup cells and the tests bind, then the student's
-    definitions named in `student_names`, fetched from the kernel on first use."""
+    """The tests' globals: what the setup cells and the tests bind, then the student's names
+    (`student_names`), fetched from the kernel on first use in a test."""
 
     def __init__(self):
         super().__init__()
-        self.endpoint: remote.Endpoint | None = None
         self.student_names: frozenset[str] = frozenset()
 
     def __missing__(self, name):
-        if hasattr(builtins, name) or name not in self.student_names or self.endpoint is None:
+        kernel = probes.connection()
+        if hasattr(builtins, name) or name not in self.student_names or kernel is None:
             raise KeyError(name)
         try:
-            return self.endpoint.request("lookup", None, name)
+            value = kernel.lookup(name)
         except NameError:
             raise KeyError(name) from None
+        self[name] = value
+        return value
 
 
 class Tester:
@@ -69,7 +157,6 @@ class Tester:
         self.listener.listen(1)
         self.meter: SandboxMeter | None = None     # the connected kernel's CPU time
         steady_malloc.steady()      # the same work costs the same here and in the kernel
-        _forward_reference_guard(self.ns)
         _time_the_kernel_too(self)
 
     def run_source(self, source: str, grade_id: str) -> dict:
@@ -79,12 +166,12 @@ class Tester:
             code = compile(source, f"<{grade_id}>", "exec")
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 exec(code, self.ns)
-        except remote.Disconnected:
+        except Disconnected:
             result.update(ok=False, ename="KernelStopped",
                           evalue="your kernel stopped answering the tests (it died, was "
                                  "interrupted at the time limit, or closed the connection)")
-        except remote.ProtocolError as e:
-            result.update(ok=False, ename="UnreadableAnswer", evalue=str(e)[:remote.MAX_TEXT])
+        except ProtocolError as e:
+            result.update(ok=False, ename="UnreadableAnswer", evalue=_text(e))
         except BaseException as e:   # noqa: BLE001 - a failed test, whatever it raised
             result.update(ok=False, ename=type(e).__name__, evalue=_text(e))
         text = out.getvalue()
@@ -125,38 +212,23 @@ class Tester:
             self.meter = None       # the speed checks then refuse to run: a candidate whose
             print(f"tester: cannot read the kernel's CPU time: {e}",   # work went uncounted
                   file=sys.stderr)                                    # would look free
-        ep = remote.Endpoint(conn, share_handles=False,
-                             copy_modules=cmd.get("modules") == "copy")
-        self.ns.endpoint = remote.CURRENT = ep
+        kernel = Kernel(conn)
+        probes._CONNECTION = kernel
         self.ns.student_names = frozenset(cmd.get("names", []))
-        for name in cmd.get("rebound", []):     # the kernel holds the newer value
-            if name in self.ns.student_names:
-                self.ns.pop(name, None)
+        for name in self.ns.student_names:     # the kernel holds the student's value
+            self.ns.pop(name, None)
         try:
             result = self.run_source(cmd["source"], cmd.get("grade_id", "test"))
-            self.hand_over(ep, cmd.get("handed", []))
-            with contextlib.suppress(OSError, remote.ProtocolError):
-                ep.request("done", None)
+            with contextlib.suppress(OSError, ProtocolError):
+                kernel.done()
             return result
         finally:
-            self.ns.endpoint = remote.CURRENT = None
+            probes._CONNECTION = None
+            for name in self.ns.student_names:     # never kept from one test to the next
+                self.ns.pop(name, None)
             self.ns.student_names = frozenset()
             self.meter = None
             conn.close()
-
-    def hand_over(self, ep: remote.Endpoint, names: list[str]) -> None:
-        """Bind in the kernel the names this test's visible part bound that a later cell of
-        the notebook reads (tester_plan: "handed"), as one kernel would have them; one that
-        is unbound here (the test failed first) or cannot cross by value is left out, and the
-        job's log says so."""
-        for name in names:
-            if name not in self.ns:                  # (a lookup is not kept)
-                continue
-            try:
-                ep.hand_over(name, dict.__getitem__(self.ns, name))
-            except (OSError, remote.ProtocolError, remote.StudentError, ValueError,
-                    TypeError) as e:
-                print(f"tester: {name} not handed to the kernel: {_text(e)}", file=sys.stderr)
 
 
 class Commands:
@@ -256,49 +328,9 @@ class TesterProcess:
 
 def _text(e: BaseException) -> str:
     try:
-        return str(e)[:remote.MAX_TEXT]
+        return str(e)[:MAX_TEXT]
     except Exception:        # noqa: BLE001
         return "(its message could not be read)"
-
-
-def _forward_reference_guard(ns: Namespace) -> None:
-    """In the tester, `autograder.reference_disabled(...)` and `ReferenceGuard` (the speed
-    checks' guard) switch the references off in the student's kernel, for the calls the block
-    makes there; the tester's own use of the course's code (the expected values, a speed
-    check's baseline) is untouched."""
-    import autograder
-    from autograder import checks
-    autograder.bind()           # every helper bound now: nothing rebinds the names later
-
-    class ForwardingGuard:
-        def __init__(self, *names: str):
-            self.names = [str(n) for n in names]
-            self.marks: list = []
-
-        def __enter__(self):
-            ep = ns.endpoint
-            self.marks.append((ep, len(ep.disabled) if ep is not None else 0))
-            if ep is not None:
-                ep.disabled.extend(self.names)
-            return self
-
-        def __exit__(self, *exc) -> bool:
-            ep, mark = self.marks.pop()
-            if ep is not None:
-                del ep.disabled[mark:]
-            return False
-
-    @contextlib.contextmanager
-    def reference_disabled(*names):
-        with ForwardingGuard(*names):
-            yield
-
-    checks.ReferenceGuard = ForwardingGuard
-    checks.reference_disabled = autograder.reference_disabled = reference_disabled
-    for name, module in list(sys.modules.items()):      # any that took a copy already
-        if name.startswith("autograder.") and getattr(module, "ReferenceGuard", None) is \
-                not ForwardingGuard and hasattr(module, "ReferenceGuard"):
-            module.ReferenceGuard = ForwardingGuard
 
 
 def _time_the_kernel_too(tester: Tester) -> None:
@@ -311,7 +343,7 @@ def _time_the_kernel_too(tester: Tester) -> None:
 
     def cpu_time_interleaved(fns, warmup: int = 2, repeats: int = 7, sync=None):
         meter = tester.meter
-        if meter is None and remote.CURRENT is not None:
+        if meter is None and probes.connection() is not None:
             raise UnaccountedWork("the grader cannot read your kernel's CPU time, so this "
                                   "timed check cannot run (see the job's log)")
         before = meter.read() if meter is not None else None

@@ -1,90 +1,152 @@
-"""Which labs run their tests in the tester (autograder/tester.py), and which of the student's
-names those tests may read from the kernel: worked out by the grader from the instructor's
-source notebook, before any submission runs (no torch needed)."""
+"""What the grader reads from a lab's source notebook before any submission runs (no torch):
+which names the tests read from the student's kernel, which locked cells run in the kernel
+only, which references are withheld from it; and the AST helpers that work these out.
+
+A lab declares, in its source notebook's metadata, the course references its student rewrites:
+
+    "autograder": {"withheld": {"minillm.sampling:top_p_filter": "top_p_filter", ...}}
+
+(`module:qualname` -> the notebook name the student writes instead; autograder/withheld.py).
+"""
 from __future__ import annotations
 
-__all__ = ["uses_tester", "tester_plan", "modules_mode"]
+import ast
+
+__all__ = ["tester_plan", "withheld_of", "authoring_problems", "bound_names", "free_names",
+           "hidden_lines", "to_python", "HIDDEN_BEGIN", "HIDDEN_END"]
+
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 
-def tester_plan(source_nb) -> dict | None:
-    """For a lab whose tests run in the tester (autograder/tester.py; `uses_tester`): the names
-    they may read from the kernel, those the unlocked cells bind ("names"), and for each test
-    the names it reads that an unlocked cell rebound after a locked cell had bound them
-    ("rebound", grade_id -> names): the tester holds the locked cell's value, the kernel the
-    newer one, and the test must read the kernel's, as it would in one kernel; and how the
-    tester's modules cross ("modules": "stand-in", a stand-in whose forward runs in the tester,
-    or "copy", the whole module: autograder/remote_objects.py); and for each test the names its
-    visible part binds that a later cell of the kernel reads ("handed", grade_id -> names: in
-    one kernel the test would have bound them there, so the tester hands their values over
-    after the test, by value); and the locked cells that are not tests but run in the kernel
-    only ("kernel_only", grade_ids): those that call the student's code (they read a name an
-    unlocked cell binds, and do more than define functions and classes) and those whose
-    metadata says `{"autograder": {"runs": "kernel"}}` (a class whose objects the student's
-    code changes in place, such as lab 07's BlockPool: the tests make them in the kernel). The
-    tests read what such a cell binds from the kernel, as they read the student's names.
-    None: tests in the kernel."""
-    from .seal import bound_names, defines_only, free_names, imported_names
-    if not uses_tester(source_nb):
-        return None
+def tester_plan(source_nb) -> dict:
+    """{"names": the names the tests may read from the kernel (those the unlocked cells bind,
+    imports excluded, and those of the kernel-only cells), "kernel_only": the grade ids of the
+    locked cells that are not tests and run in the kernel only (they call the student's code:
+    they read a name an unlocked cell binds and do more than define functions and classes)}."""
     names: set[str] = set()
-    stale: dict[str, bool] = {}         # name -> its newest binding is the kernel's, not ours
-    rebound: dict[str, list[str]] = {}
-    pending: dict[str, str] = {}        # name -> the test whose visible part bound it last
-    handed: dict[str, set[str]] = {}
     kernel_only: list[str] = []
     for c in source_nb.cells:
+        m = c.metadata.get("nbgrader", {})
+        if c.cell_type != "code" or (m.get("locked") and m.get("grade")):
+            continue
+        bound = bound_names(c.source) - imported_names(c.source)
+        if not m.get("locked"):
+            names |= bound
+        elif (free_names(c.source) or set()) & names and not defines_only(c.source):
+            kernel_only.append(m.get("grade_id", "?"))
+            names |= bound
+    return {"names": sorted(names), "kernel_only": kernel_only}
+
+
+def withheld_of(source_nb) -> dict[str, str]:
+    """The lab's declaration: "module:qualname" -> what the student writes instead."""
+    found = source_nb.metadata.get("autograder", {}).get("withheld", {})
+    if not isinstance(found, dict) or not all(
+            isinstance(k, str) and ":" in k and isinstance(v, str) for k, v in found.items()):
+        raise ValueError("the notebook's autograder.withheld must map \"module:qualname\" to "
+                         "the name the student writes")
+    return dict(found)
+
+
+def authoring_problems(source_nb) -> list[str]:
+    """A test cell must not bind a name that a later cell reads: tests run in the tester, so
+    such a name would not exist in the kernel when the later cell runs."""
+    problems, tests = [], {}
+    for c in source_nb.cells:
+        m = c.metadata.get("nbgrader", {})
         if c.cell_type != "code":
             continue
-        m = c.metadata.get("nbgrader", {})
-        bound = bound_names(c.source)
-        if m.get("locked") and m.get("grade"):          # a test: it runs in the tester
-            gid = m.get("grade_id", "?")
-            reads = sorted(n for n in free_names(c.source) or () if stale.get(n))
-            if reads:
-                rebound[gid] = reads
-            stale.update({n: False for n in bound})
-            visible, hidden = _parts(c.source)
-            for n in bound_names(hidden):
-                pending.pop(n, None)                    # never a value the hidden part made
-            pending.update({n: gid for n in bound_names(visible) - bound_names(hidden)})
+        if m.get("locked") and m.get("grade"):
+            for n in bound_names(c.source):
+                tests[n] = m.get("grade_id", "?")
             continue
-        reads = free_names(c.source) or set()
-        for n in sorted(reads & set(pending)):
-            handed.setdefault(pending[n], set()).add(n)
-        for n in bound:                                  # the kernel binds it itself
-            pending.pop(n, None)
-        if m.get("locked") and ((reads & names and not defines_only(c.source)) or
-                                c.metadata.get("autograder", {}).get("runs") == "kernel"):
-            kernel_only.append(m.get("grade_id", "?"))   # read like the student's names
-            names |= bound - imported_names(c.source)
-            stale.update({n: True for n in bound if n in stale})
-        elif not m.get("locked"):
-            names |= bound - imported_names(c.source)
-            stale.update({n: True for n in bound if n in stale})
-        else:
-            stale.update({n: False for n in bound})
-    return {"names": sorted(names), "rebound": rebound, "modules": modules_mode(source_nb),
-            "handed": {gid: sorted(ns) for gid, ns in handed.items()},
-            "kernel_only": kernel_only}
+        for n in sorted((free_names(c.source) or set()) & set(tests)):
+            problems.append(f"{m.get('grade_id') or 'a free cell'} reads {n}, which the test "
+                            f"{tests[n]} binds: bind it in a cell that is not a test")
+        for n in bound_names(c.source):
+            tests.pop(n, None)
+    return problems
 
 
-def _parts(source: str) -> tuple[str, str]:
-    """A test cell's visible part and its hidden tests."""
-    from .seal import hidden_lines
-    hidden = hidden_lines(source)
-    lines = source.splitlines()
-    return ("\n".join(x for i, x in enumerate(lines, 1) if i not in hidden),
-            "\n".join(x for i, x in enumerate(lines, 1) if i in hidden))
+# --- reading cells ------------------------------------------------------------------------
+def to_python(source: str) -> str:
+    """IPython syntax (%magics, !shell) as plain Python."""
+    from IPython.core.inputtransformer2 import TransformerManager
+    return TransformerManager().transform_cell(source)
 
 
-def uses_tester(source_nb) -> bool:      # the instructor's notebook, never a submission
-    return source_nb.metadata.get("autograder", {}).get("tests") == "tester"
+def _parse(source: str):
+    try:
+        return ast.parse(to_python(source))
+    except SyntaxError:
+        return None
 
 
-def modules_mode(source_nb) -> str:
-    """"copy" or "stand-in" (the default): how a lab's tests hand the student's code a module."""
-    mode = source_nb.metadata.get("autograder", {}).get("modules", "stand-in")
-    if mode not in ("copy", "stand-in"):
-        raise ValueError(f"the notebook's autograder.modules is {mode!r}: \"copy\" or "
-                         "\"stand-in\"")
-    return mode
+def free_names(source: str) -> set[str] | None:
+    """The names a cell reads that it does not bind anywhere itself (assignments, loop and
+    comprehension variables, parameters, defs, imports): what it needs from earlier cells. None
+    when it does not parse."""
+    tree = _parse(source)
+    if tree is None:
+        return None
+    read, bound = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            (read if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    return read - bound
+
+
+def defines_only(source: str) -> bool:
+    """Whether a cell only defines (functions, classes, imports): running it calls nothing."""
+    tree = _parse(source)
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+    return tree is not None and all(
+        isinstance(n, kinds) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        for n in tree.body)
+
+
+def imported_names(source: str) -> set[str]:
+    """Top-level names a cell binds by importing: a test gets its modules from the lab's own
+    locked cells, never from the student's kernel."""
+    tree = _parse(source)
+    return set() if tree is None else {
+        (a.asname or a.name).split(".")[0] for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+
+
+def bound_names(source: str) -> set[str]:
+    """Top-level names a cell binds: assignments, imports, defs, classes, for/with targets."""
+    tree = _parse(source)
+    names: set[str] = set()
+    for node in tree.body if tree is not None else []:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                names.add(sub.id)
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in sub.names
+                             if a.name != "*")
+    return names
+
+
+def hidden_lines(source: str) -> set[int]:
+    """1-based numbers of the lines inside ### BEGIN/END HIDDEN TESTS (markers included)."""
+    hidden, inside = set(), False
+    for i, line in enumerate(source.splitlines(), 1):
+        if HIDDEN_BEGIN in line:
+            inside = True
+        if inside:
+            hidden.add(i)
+        if HIDDEN_END in line:
+            inside = False
+    return hidden

@@ -30,21 +30,12 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from autograder.course import Course
-from autograder.tester_plan import uses_tester
+from autograder.tester_plan import authoring_problems, tester_plan
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = Course(REPO).labs()
 DUMMY = "99_dummy"
 MAX_SECONDS = 180           # a lab runs top to bottom in under 3 minutes on 2 CPU cores
-# Labs whose (a), (b) and (c) are also judged by the values their tests show the grader
-# (autograder/judge.py), and the autograded cells of each that show none: each costs one more run
-# of its source notebook (the reference run), and (a) must match that second, independent run.
-JUDGED_BY_VALUES = {DUMMY: {"99_asset_test"}}
-# Labs whose tests run in the tester, apart from the student's kernel (autograder/tester.py):
-# their verdicts are the tester's, so the grader makes no reference run for them.
-TESTER_LABS = {lab for lab in LABS if uses_tester(
-    nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4))}
-assert not TESTER_LABS & set(JUDGED_BY_VALUES), "a lab is judged by the tester or by values"
 pytestmark = pytest.mark.slow
 
 
@@ -57,20 +48,19 @@ def _meta(grade_id, grade=False, solution=False, locked=False, points=None):
     return {"nbgrader": m}
 
 
-def write_dummy_lab(folder: Path, tester: bool = False) -> None:
-    """99_dummy: one function to write, a visible + hidden test that runs with the reference
-    disabled, an asset file read by the notebook, and its wrong_submission.json. `tester`: its
-    tests run in the tester, apart from the kernel (autograder/tester.py)."""
+def write_dummy_lab(folder: Path) -> None:
+    """99_dummy: one function to write, whose reference (minillm.sampling.apply_temperature) is
+    withheld from the kernel, a visible + hidden test, an asset file read by the notebook, and
+    its wrong_submission.json."""
     nb = new_notebook()
-    if tester:
-        nb.metadata["autograder"] = {"tests": "tester"}
+    nb.metadata["autograder"] = {"withheld": {"minillm.sampling:apply_temperature": "scale"}}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nb.cells = [
         new_markdown_cell("# Dummy lab\nDivide logits by a temperature.",
                           metadata=_meta("99_intro", locked=True)),
         new_code_cell("import torch\nimport minillm.sampling\n"
-                      "from autograder import assert_close, evidence, reference_disabled\n"
+                      "from autograder import assert_close\n"
                       "ASSET = open('asset.txt').read().strip()",
                       metadata=_meta("99_setup", locked=True)),
         new_code_cell("def scale(logits, t):\n    ### BEGIN SOLUTION\n    return logits / t\n"
@@ -79,9 +69,7 @@ def write_dummy_lab(folder: Path, tester: bool = False) -> None:
                       "### BEGIN HIDDEN TESTS\ng = torch.Generator().manual_seed(1)\n"
                       "y = torch.randn(3, 7, generator=g)\n"
                       "ref = minillm.sampling.apply_temperature(y, 0.7)\n"
-                      "with reference_disabled('minillm.sampling.apply_temperature'):\n"
-                      "    out = scale(y, 0.7)\n"
-                      "evidence(out, 'scale(y, 0.7)', atol=2e-5, rtol=2e-5)\n"
+                      "out = scale(y, 0.7)\n"
                       "assert_close(out, ref, name='scale(y, 0.7)')\n"
                       "### END HIDDEN TESTS",
                       metadata=_meta("99_scale_test", grade=True, locked=True, points=2)),
@@ -97,11 +85,11 @@ def write_dummy_lab(folder: Path, tester: bool = False) -> None:
         "expect_lost": ["99_scale_test"]}))
 
 
-def dummy_course(root: Path, tester: bool = False) -> Course:
+def dummy_course(root: Path) -> Course:
     """A course in `root` holding only the dummy lab, released."""
     root.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
-    write_dummy_lab(root / "labs" / DUMMY, tester)
+    write_dummy_lab(root / "labs" / DUMMY)
     course = Course(root)
     assert course.release() == [DUMMY]
     return course
@@ -189,9 +177,8 @@ class Pipeline:
             else:
                 raise ValueError(student)
             self.submit(student, lab, nb)
-            self.records[(student, lab)] = self.course.autograde(
-                student, lab, compile_cache=True,
-                evidence=lab in JUDGED_BY_VALUES or lab in TESTER_LABS)
+            self.records[(student, lab)] = self.course.autograde(student, lab,
+                                                                 compile_cache=True)
         return self.records[(student, lab)]
 
 
@@ -231,6 +218,14 @@ def test_source_is_committed_without_outputs(lab):
     dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
              and (c.get("outputs") or c.get("execution_count") is not None)]
     assert not dirty, f"{lab}: code cells {dirty} have outputs or an execution_count"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_tests_bind_nothing_later_cells_read(lab):
+    """Tests run in the tester: a name a test binds does not exist in the kernel."""
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    assert authoring_problems(nb) == []
+    assert tester_plan(nb)["names"], f"{lab}: the tests read nothing of the student's"
 
 
 @pytest.mark.parametrize("lab", LABS)
@@ -287,20 +282,13 @@ def test_a_source_gets_full_points_in_time(pipeline, lab):
     assert sorted(waiting) == sorted(written), describe(rec)
     assert rec.exec_seconds is not None and rec.exec_seconds < MAX_SECONDS, \
         f"{lab} ran {rec.exec_seconds} s, the budget is {MAX_SECONDS} s"
-    # graded, the source runs top to bottom as it does in JupyterLab: no cell fails (in a
-    # tester lab, a later cell that reads what a test bound gets it from the tester)
+    # graded, the source runs top to bottom as it does in JupyterLab: no cell fails
     graded = nbformat.read(str(pipeline.course.build / "autograded" / "source" / lab /
                                f"{lab}.ipynb"), as_version=4)
     failed = [(c.metadata.get("nbgrader", {}).get("grade_id", i), o.get("ename"), o.get("evalue"))
               for i, c in enumerate(graded.cells) if c.cell_type == "code"
               for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not failed, failed
-    if lab in TESTER_LABS:              # asked for evidence, the grader ran no reference run
-        assert not (pipeline.course.build / "reference" / f"{lab}.json").exists()
-    if lab in JUDGED_BY_VALUES:         # (a) matched its reference run: which cells showed values
-        ref = json.loads((pipeline.course.build / "reference" / f"{lab}.json").read_text())
-        shown = {gid for gid, items in ref["evidence"][lab].items() if items}
-        assert shown == {c.grade_id for c in auto} - JUDGED_BY_VALUES[lab], sorted(shown)
 
 
 @pytest.mark.parametrize("lab", per_lab(ALL))

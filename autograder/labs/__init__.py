@@ -1,17 +1,14 @@
-"""The labs' speed checks: one `SpeedCheck` record per timed claim (autograder/labs/speedcheck.py).
-
-Each lab with a timed claim has a module `autograder/labs/labNN.py` holding its workload (inputs,
-baseline, how the student's candidate is timed) and `SPEED_CHECK = SpeedCheck(...)`: grade id,
-threshold, the measure, a reference and a counter-example in the notebook's signature, the
-failure hint and the references disabled while the candidate runs. The notebook's graded cell
-calls the check (e.g. `lab03.check_absorbed_speedup(mla_attend_absorbed)`, an alias of
-`SPEED_CHECK.check`).
+"""Each lab's grading module, `autograder/labs/labNN.py`: its probes (autograder/probes.py: the
+functions that run the student's code in their kernel and return plain values) and, for a lab
+with a timed claim, `SPEED_CHECK = SpeedCheck(...)` (autograder/labs/speedcheck.py): grade id,
+threshold, the measure, a reference and a counter-example in the notebook's signature, and the
+failure hint. The notebook's graded cell calls the check (e.g.
+`lab03.check_absorbed_speedup(mla_attend_absorbed)`, an alias of `SPEED_CHECK.check`).
 
 tests/test_speed_checks.py runs every check many times, also under a competing CPU load, and
-requires True every time for the reference and False every time for the counter-example; it
-also requires the guarded reference to fail (delegating to the library earns nothing). Keep each
-check to a second or two, with a threshold well below what the reference reaches on a loaded
-2-core machine.
+requires True every time for the reference and False every time for the counter-example. Keep
+each check to a second or two, with a threshold well below what the reference reaches on a
+loaded 2-core machine.
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """Measure every lab's speed check: `python -m autograder.labs [--runs N] [--loaded K] [LAB ...]`.
 
 For each lab (or the ones named, e.g. lab03), runs the check's measure N times on its reference
-and N times on its counter-example (unguarded, on one torch thread, as the graded cell does),
-the last K runs of each with a busy loop spinning on one core, and prints the ratios' range and
-median next to the threshold. With --solution it also measures the source notebook's own
-answer where the check names one (SpeedCheck.solution), guarded as a submission is. With
---tester each candidate runs in a process of its own that serves the check over a socket, and
-the check runs in a tester (autograder/tester.py), timing both processes' CPU, as in a lab whose
-tests run in the tester. The ranges in autograder/README.md come from this command.
+and N times on its counter-example (on one torch thread, as the graded cell does), the last K
+runs of each with a busy loop spinning on one core, and prints the ratios' range and median
+next to the threshold. With --solution it also measures the source notebook's own answer where
+the check names one (SpeedCheck.solution). With --tester each candidate runs in a process of its
+own that answers the check's calls over a socket (autograder/kernel_side.py), and the check runs
+in a tester (autograder/tester.py), timing both processes' CPU, as graded. The ranges in
+autograder/README.md come from this command.
 """
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ def busy_core():
         proc.wait()
 
 
-def measure(check, candidate, runs: int, loaded: int, guarded: bool = False) -> list[float]:
+def measure(check, candidate, runs: int, loaded: int) -> list[float]:
     ratios = []
     for i in range(runs):
         with busy_core() if i >= runs - loaded else contextlib.nullcontext():
-            ratios.append(check.ratio(candidate, *check.fixture(), guarded=guarded).ratio)
+            ratios.append(check.ratio(candidate, *check.fixture()).ratio)
     return ratios
 
 
@@ -49,13 +49,13 @@ import sys, torch
 torch.set_num_threads(1)
 from autograder.steady_malloc import steady
 steady()                        # as a graded kernel does
-from autograder import remote
+from autograder.kernel_side import serve
 from autograder.labs import speed_checks
 from autograder.labs.solutions import notebook_solution
 lab, which = sys.argv[2], sys.argv[3]
 check = speed_checks()[lab]
-remote.serve(sys.argv[1], {"candidate": notebook_solution(check, lab) if which == "solution"
-                           else getattr(check, which)})
+serve(sys.argv[1], {"candidate": notebook_solution(check, lab) if which == "solution"
+                    else getattr(check, which)})
 """
 
 
@@ -65,12 +65,7 @@ def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> li
     import os
     import tempfile
 
-    import nbformat
-
-    from autograder.labs.solutions import lab_notebook
     from autograder.tester import Commands, Tester
-    from autograder.tester_plan import modules_mode
-    modules = modules_mode(nbformat.read(str(lab_notebook(lab)), as_version=4))
     folder = tempfile.mkdtemp(prefix="speedcheck_")
     path = os.path.join(folder, "tester.sock")
     tester = Tester(path)
@@ -81,10 +76,9 @@ def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> li
             kernel = subprocess.Popen([sys.executable, "-c", KERNEL, path, lab, which])
             try:
                 answer = tester.test({"op": "test", "seq": i, "grade_id": which,
-                                      "names": ["candidate"], "timeout": 600, "modules": modules,
+                                      "names": ["candidate"], "timeout": 600,
                                       "source": "ratios.append(check.ratio(candidate, "
-                                                "*check.fixture(), guarded="
-                                                f"{which == 'solution'}).ratio)"},
+                                                "*check.fixture()).ratio)"},
                                      Commands(never))
                 if not answer["ok"]:
                     raise RuntimeError(f"{lab} {which} in the tester: {answer['ename']}: "
@@ -107,7 +101,7 @@ def main(argv=None) -> int:
                     help="of which the last K run beside a busy loop (default 4)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--solution", action="store_true",
-                    help="also measure the source notebook's solution (guarded)")
+                    help="also measure the source notebook's solution")
     ap.add_argument("--tester", action="store_true",
                     help="run each candidate in a process of its own, the check in a tester")
     args = ap.parse_args(argv)
@@ -120,17 +114,16 @@ def main(argv=None) -> int:
     for lab in args.labs or sorted(checks):
         check = checks[lab]
         row = {"grade_id": check.grade_id, "threshold": check.threshold}
-        candidates = {"reference": (check.reference, False),
-                      "counter_example": (check.counter_example, False)}
+        candidates = {"reference": check.reference, "counter_example": check.counter_example}
         if args.solution and check.solution:
-            candidates["solution"] = (notebook_solution(check, lab), True)
+            candidates["solution"] = notebook_solution(check, lab)
         ranges = {}
-        for which, (fn, guarded) in candidates.items():
+        for which, fn in candidates.items():
             try:
                 r = measure_in_tester(lab, check, which, args.runs, args.loaded) \
-                    if args.tester else measure(check, fn, args.runs, args.loaded, guarded)
-            except RuntimeError as e:       # --tester: a candidate that needs the model's
-                row[which] = {"error": str(e)}              # insides (a stand-in there)
+                    if args.tester else measure(check, fn, args.runs, args.loaded)
+            except RuntimeError as e:
+                row[which] = {"error": str(e)}
                 ranges[which] = f"cannot run: {e}"
                 continue
             row[which] = {"min": min(r), "median": statistics.median(r), "max": max(r)}

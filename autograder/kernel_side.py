@@ -1,0 +1,117 @@
+"""The student's kernel's side of a test that runs in the tester (autograder/tester.py).
+
+While the grader runs a test cell, the kernel runs `serve(path)` instead of the cell: it
+connects to the tester's socket and answers its requests until the tester says it is done:
+
+    {"op": "lookup", "name": n}                     what the notebook binds to n: a plain value,
+                                                    or {"callable": true} for a function / class
+    {"op": "call", "name": n, "args", "kwargs"}     the notebook's n(*args, **kwargs)
+    {"op": "probe", "fn": "module:name", ...}       a registered probe (autograder/probes.py)
+    {"op": "done"}
+
+Arguments and results are plain values (autograder/plain.py); a StudentRef among the arguments
+is the notebook's object of that name. A list, dict, tensor, array or Generator argument that
+the call changed in place is sent back with the result ("changed"), so the tester's copy
+changes as the student's did. What the student's code raises crosses as its type name and
+message. The kernel never sees a test's text: only these requests.
+"""
+from __future__ import annotations
+
+import importlib
+import socket
+
+from .plain import Codec, Disconnected, NotPlain, ProtocolError, recv, send
+
+__all__ = ["serve", "MAX_TEXT"]
+
+MAX_TEXT = 4000                  # characters of an exception message that cross
+_MUTABLE = ("list", "dict", "Tensor", "ndarray", "Generator")
+
+
+def serve(path: str, namespace: dict | None = None) -> None:
+    """Answer the tester's requests on the socket at `path` until it is done. `namespace`: the
+    notebook's globals (default: IPython's)."""
+    if namespace is None:
+        namespace = __import__("IPython").get_ipython().user_ns
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        while True:
+            message, blobs = recv(sock)
+            if message.get("op") == "done":
+                send(sock, {"ok": None}, [])
+                return
+            reply = Codec()
+            try:
+                body = _answer(message, blobs, namespace, reply)
+            except (KeyboardInterrupt, SystemExit, Disconnected):
+                raise
+            except BaseException as e:        # noqa: BLE001 - whatever the call raised
+                reply = Codec()
+                body = {"err": [type(e).__name__, _text(e)]}
+            send(sock, body, reply.blobs)
+    finally:
+        sock.close()
+
+
+def _lookup(namespace: dict, name) -> object:
+    if type(name) is not str or name not in namespace:
+        raise NameError(f"name {name!r} is not defined in your notebook")
+    return namespace[name]
+
+
+def _answer(message: dict, blobs: list, namespace: dict, out: Codec) -> dict:
+    op = message.get("op")
+    if op == "lookup":
+        value = _lookup(namespace, message.get("name"))
+        if callable(value):
+            return {"ok": {"d": [["callable", True]]}}
+        return {"ok": out.enc(value, where=f"your {message['name']}")}
+    if op == "call":
+        fn = _lookup(namespace, message.get("name"))
+        what = f"your {message['name']}"
+    elif op == "probe":
+        fn, what = _probe(message.get("fn")), f"the probe {message.get('fn')}"
+    else:
+        raise ProtocolError(f"unknown request {str(op)[:20]}")
+    inputs = Codec(blobs, resolve=lambda n: _lookup(namespace, n))
+    args, kwargs = inputs.dec(message.get("args")), inputs.dec(message.get("kwargs"))
+    if type(args) is not tuple or type(kwargs) is not dict:
+        raise ProtocolError("malformed call")
+    before = [_snapshot(a) for a in args]
+    result = fn(*args, **kwargs)
+    body = {"ok": out.enc(result, where=f"what {what} returned")}
+    changed = [[i, out.enc(a, where=f"argument {i + 1} after {what}")]
+               for i, a in enumerate(args) if before[i] is not None and _snapshot(a) != before[i]]
+    if changed:
+        body["changed"] = changed
+    return body
+
+
+def _probe(name) -> object:
+    from .probes import PROBES
+    module = str(name).partition(":")[0]
+    if name not in PROBES and module.startswith("autograder.labs."):
+        importlib.import_module(module)          # registers its probes
+    if name not in PROBES:
+        raise ProtocolError(f"no probe {str(name)[:80]}")
+    return PROBES[name]
+
+
+def _snapshot(x):
+    """What a mutable argument holds, to see whether a call changed it (None: not mutable)."""
+    if type(x).__name__ not in _MUTABLE:
+        return None
+    try:
+        codec = Codec()
+        return repr(codec.enc(x)), [bytes(b) for b in codec.blobs]
+    except NotPlain:
+        return None
+
+
+def _text(e: BaseException) -> str:
+    try:
+        text = str(e)
+    except Exception:                        # noqa: BLE001 - a __str__ that raises
+        text = "(its message could not be read)"
+    return text[:MAX_TEXT]

@@ -1,0 +1,123 @@
+"""The graded lab's own references, withheld from the student's kernel.
+
+A lab's source notebook declares the course definitions its student writes again
+(autograder/tester_plan.py, `withheld_of`):
+
+    "autograder": {"withheld": {"minillm.sampling:top_p_filter": "top_p_filter",
+                                "minillm.kvcache:KVCache": "StaticKVCache"}}
+
+`build(withheld, lab, dest)` writes a copy of the course packages (`minillm`, `kernels`) under
+`dest` in which each of those definitions is a stub: a function keeps its signature and
+docstring and raises NotImplementedError naming the lab and what the student writes; every
+method of a class does the same (its attributes and fields stay, so subclasses and type hints
+still work). Everything else is the course's code as it is; files that are not Python (the
+shipped checkpoints) are links to the installed ones. The grader's kernel imports the course
+from that copy, and in the sandbox the installed packages are not there at all
+(autograder/jobs.py), so delegating to the reference fails by construction, through any alias
+or import trick, and its source cannot be read in the kernel. Earlier labs' references stay.
+"""
+from __future__ import annotations
+
+import ast
+import compileall
+import importlib.util
+import os
+from pathlib import Path
+
+__all__ = ["build", "PACKAGES", "package_dir"]
+
+PACKAGES = ("minillm", "kernels")
+
+
+def package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)           # locates, does not import
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"the course package {name} is not installed")
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def message(target: str, lab: str, student_name: str) -> str:
+    module, _, qualname = target.partition(":")
+    return (f"{module}.{qualname} is the course's answer to lab {lab}, so it is withheld while "
+            f"that lab is graded: the grader runs your own {student_name} (write it in your "
+            f"notebook, and call yours)")
+
+
+def build(withheld: dict[str, str], lab: str, dest: Path) -> tuple[Path, list[Path]]:
+    """Write the stubbed packages under `dest`; returns (`dest`, the installed folders the
+    copy links to, which a sandbox must show at their own path)."""
+    by_module: dict[str, dict[str, str]] = {}
+    for target, student_name in withheld.items():
+        module, _, qualname = target.partition(":")
+        if module.split(".")[0] not in PACKAGES or not qualname:
+            raise ValueError(f"withheld {target!r}: give module:qualname inside "
+                             f"{' or '.join(PACKAGES)}")
+        by_module.setdefault(module, {})[qualname] = message(target, lab, student_name)
+    links: list[Path] = []
+    seen: set[str] = set()
+    for pkg in PACKAGES:
+        _copy(package_dir(pkg), Path(dest) / pkg, pkg, by_module, links, seen)
+    missing = set(by_module) - seen
+    if missing:
+        raise ValueError(f"withheld from modules that do not exist: {sorted(missing)}")
+    compileall.compile_dir(str(dest), quiet=2, workers=1)
+    return Path(dest), links
+
+
+def _copy(src: Path, dst: Path, module: str, by_module: dict, links: list[Path],
+          seen: set[str]) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(src.iterdir()):
+        if entry.name == "__pycache__":
+            continue
+        if entry.is_dir() and any(entry.glob("*.py")):
+            _copy(entry, dst / entry.name, f"{module}.{entry.name}", by_module, links, seen)
+        elif entry.suffix == ".py":
+            name = module if entry.stem == "__init__" else f"{module}.{entry.stem}"
+            text = entry.read_text()
+            if name in by_module:
+                seen.add(name)
+                text = stub_source(text, by_module[name], name)
+            (dst / entry.name).write_text(text)
+        else:
+            os.symlink(entry.resolve(), dst / entry.name)
+            links.append(entry.resolve())
+
+
+def stub_source(text: str, stubs: dict[str, str], module: str) -> str:
+    """`text` with each definition named in `stubs` (qualname -> message) stubbed."""
+    tree = ast.parse(text)
+    targets: list[tuple[ast.AST, str]] = []
+    for qualname, msg in stubs.items():
+        node = _find(tree, qualname.split("."))
+        if node is None:
+            raise ValueError(f"withheld {module}:{qualname}: no such definition")
+        if isinstance(node, ast.ClassDef):
+            targets += [(f, msg) for f in node.body
+                        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        else:
+            targets.append((node, msg))
+    lines = text.splitlines(keepends=True)
+    for node, msg in sorted(targets, key=lambda t: -t[0].lineno):
+        body = node.body[1:] if _has_docstring(node) else node.body
+        if not body:
+            continue
+        first = body[0]
+        if first.lineno == node.lineno:
+            raise ValueError(f"{module}:{node.name} is written on one line; it cannot be stubbed")
+        indent = " " * first.col_offset
+        lines[first.lineno - 1:node.end_lineno] = [f"{indent}raise NotImplementedError({msg!r})\n"]
+    return "".join(lines)
+
+
+def _find(tree: ast.AST, parts: list[str]):
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                node.name == parts[0]:
+            return node if len(parts) == 1 else _find(node, parts[1:])
+    return None
+
+
+def _has_docstring(node) -> bool:
+    return bool(node.body) and isinstance(node.body[0], ast.Expr) and \
+        isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)
