@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 
 def _limits(p: argparse.ArgumentParser) -> None:
@@ -41,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="run student code without the sandbox (unsafe; prints a warning)")
     p.add_argument("--feedback-with-hidden-tests", action="store_true",
                    help="show the hidden tests in the feedback (default: never)")
+    p.add_argument("--similarity", action="store_true",
+                   help="compare the answers with each other's, the course's source and "
+                        "--similarity-archive (copydetect): build/similarity/, a column of the "
+                        "table and the CSV; scores are never changed")
+    p.add_argument("--similarity-archive", type=Path, metavar="DIR",
+                   help="earlier terms' submissions to compare with (notebooks or .py files)")
     p.add_argument("--no-compile-cache", action="store_true",
                    help="give each kernel an empty compile cache instead of a copy of the one "
                         "the grader warms (autograder/compile_cache.py)")

@@ -68,16 +68,16 @@ class UnreadableMessage(ValueError):
 
 def _refuse_unreadable(session) -> None:
     """Make `session` (the kernel client's) raise UnreadableMessage for any message it cannot
-    decode: json, an oversized int, a malformed header all fail in `deserialize`."""
-    decode = session.deserialize
-
-    def deserialize(*args, **kwargs):
-        try:
-            return decode(*args, **kwargs)
-        except Exception as e:
-            raise UnreadableMessage(f"{type(e).__name__}: {str(e)[:200]}") from e
-
-    session.deserialize = deserialize
+    decode: json, an oversized int, a malformed header fail in `deserialize`; frames that are not
+    a Jupyter message at all (bytes a kernel wrote into its own ZeroMQ socket) in
+    `feed_identities`."""
+    for name in ("deserialize", "feed_identities"):
+        def refusing(*args, _decode=getattr(session, name), **kwargs):
+            try:
+                return _decode(*args, **kwargs)
+            except Exception as e:
+                raise UnreadableMessage(f"{type(e).__name__}: {str(e)[:200]}") from e
+        setattr(session, name, refusing)
 
 
 def _error_output(ename: str, evalue: str) -> NotebookNode:
@@ -86,6 +86,9 @@ def _error_output(ename: str, evalue: str) -> NotebookNode:
 
 
 class GuardedExecute(Execute):
+    # kill the kernel when the notebook is done: a polite shutdown request blocks on a kernel
+    # that broke its own ZeroMQ sockets (tests/attacks_kernel.py, asks_the_tester)
+    shutdown_kernel = "immediate"
     notebook_timeout = Integer(
         900, help="Seconds the whole notebook may run (0 = no limit); cells that would start "
                   "later are not run and score zero.").tag(config=True)

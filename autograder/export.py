@@ -7,6 +7,9 @@ yet looks like a low mark. This plugin writes nbgrader's columns, then
     auto_score, auto_max_score          code cells: the tests, scored by the autograder
     written_score, written_max_score    markdown answer cells, scored by hand in formgrader
     to_grade_by_hand                    written answers with a response and no score yet
+    similarity, similar_to              where `grade --similarity` ran: the largest share of the
+                                        answers found in one other source, and which
+                                        (autograder/similarity.py; never part of the score)
 
 A student who did not submit gets zeros and nothing to grade. Loaded by path (nbgrader_config.py's
 `_load`), so it imports nbgrader only, not the `autograder` package (and torch) with it.
@@ -14,6 +17,8 @@ A student who did not submit gets zeros and nothing to grade. Loaded by path (nb
 from __future__ import annotations
 
 import csv
+import json
+from pathlib import Path
 
 from nbgrader.api import MissingEntry
 from nbgrader.plugins import CsvExportPlugin
@@ -21,7 +26,7 @@ from nbgrader.plugins import CsvExportPlugin
 COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name",
            "email", "raw_score", "late_submission_penalty", "score", "max_score",
            "auto_score", "auto_max_score", "written_score", "written_max_score",
-           "to_grade_by_hand"]
+           "to_grade_by_hand", "similarity", "similar_to"]
 
 
 def waiting_for_a_grader(grade) -> bool:
@@ -52,7 +57,10 @@ class SplitScoreCsv(CsvExportPlugin):
     def export(self, gradebook) -> None:
         students = {str(s) for s in self.student}
         assignments = {str(a) for a in self.assignment}
-        with open(self.to or "grades.csv", "w", newline="") as fh:
+        path = Path(self.to or "grades.csv")
+        found = path.parent / "similarity" / "similarity.json"
+        matches = json.loads(found.read_text()) if found.is_file() else {}
+        with open(path, "w", newline="") as fh:
             out = csv.DictWriter(fh, COLUMNS)
             out.writeheader()
             for assignment in gradebook.assignments:
@@ -78,4 +86,7 @@ class SplitScoreCsv(CsvExportPlugin):
                         row.update(timestamp=sub.timestamp or "", raw_score=sub.score,
                                    late_submission_penalty=penalty,
                                    score=max(0.0, sub.score - penalty), **split_scores(sub))
+                    match = matches.get(assignment.name, {}).get(student.id)
+                    if match:
+                        row.update(similarity=match["score"], similar_to=match["with"])
                     out.writerow(row)

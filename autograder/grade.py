@@ -96,6 +96,7 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
                       feedback: bool = True, csv: bool = True, workers: int = 1,
                       scheduler: str | None = None, sandbox: bool = True,
                       feedback_hidden_tests: bool = False, compile_cache: bool = True,
+                      similarity: bool = False, similarity_archive: Path | None = None,
                       log=print) -> list[GradeRecord]:
     """Grade every DIR/<student>/<lab>/ submission (see the module docstring). `sandbox=False`
     runs the kernels without the sandbox (a warning is printed); with `sandbox=True` this
@@ -177,6 +178,9 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
         log(f"[{i}/{len(jobs)}] {rec.student} / {rec.lab}: {rec.status}: "
             f"{rec.score:g} / {rec.max_score:g}")
         records.append(rec)
+    if similarity:                      # before the CSV, which shows the matches
+        from .similarity import compare
+        compare(course, labs, similarity_archive, log)
     if csv:
         path = course.export_csv()
         log(f"grades: {path}")
@@ -188,25 +192,31 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
         log(f"feedback: {course.build / 'feedback'}/<student>/<lab>/<lab>.html")
     log(f"batch: {len(records)} submission(s) in {time.monotonic() - t0:.0f} s")
     log("")
-    log(format_table(records))
+    log(format_table(records, course))
     return records
 
 
-def format_table(records: list[GradeRecord]) -> str:
-    """One row per submission: automatic points (the tests), written points (graded by hand)
-    and how many written answers still wait for a grader."""
-    rows = [("student", "lab", "auto", "written", "max", "to grade", "status", "seconds")]
+def format_table(records: list[GradeRecord], course: Course | None = None) -> str:
+    """One row per submission: automatic points (the tests), written points (graded by hand),
+    how many written answers still wait for a grader, and, where `grade --similarity` ran, the
+    closest match of the answers (autograder/similarity.py)."""
+    from .similarity import load
+    matches = load(course) if course is not None else {}
+    rows = [("student", "lab", "auto", "written", "max", "to grade", "status", "seconds",
+             "similarity")]
     waiting = 0
     for r in records:
         auto = [c for c in r.cells if c.autograded]
         written = [c for c in r.cells if not c.autograded]
         todo = sum(c.score is None for c in written)
         waiting += todo
+        match = matches.get(r.lab, {}).get(r.student)
         rows.append((r.student, r.lab,
                      f"{sum(c.score or 0 for c in auto):g}/{sum(c.max_score for c in auto):g}",
                      f"{sum(c.score or 0 for c in written):g}/"
                      f"{sum(c.max_score for c in written):g}",
-                     f"{r.max_score:g}", str(todo) if todo else "", r.status, f"{r.seconds:.0f}"))
+                     f"{r.max_score:g}", str(todo) if todo else "", r.status, f"{r.seconds:.0f}",
+                     f"{match['score']:.2f} {match['with']}" if match and match["with"] else ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -236,7 +246,7 @@ def report(course: Course, labs: list[str] | None = None, *, hidden_tests: bool 
                                        seconds=0.0, exec_seconds=None,
                                        cells=course.scores(d.parent.name, d.name)))
     log("")
-    log(format_table(records))
+    log(format_table(records, course))
 
 
 def main_report(args, course: Course | None = None) -> int:
@@ -252,7 +262,9 @@ def main_grade(args, course: Course | None = None) -> int:
                                 feedback=not args.no_feedback, workers=args.jobs,
                                 scheduler=args.scheduler, sandbox=not args.no_sandbox,
                                 feedback_hidden_tests=args.feedback_with_hidden_tests,
-                                compile_cache=not args.no_compile_cache)
+                                compile_cache=not args.no_compile_cache,
+                                similarity=args.similarity,
+                                similarity_archive=args.similarity_archive)
     return 0 if records else 1
 
 

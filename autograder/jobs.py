@@ -256,7 +256,7 @@ def _sandbox_spec(work: Path, runtime: Path, cache_env: dict, course: Path, link
                                if COMPILE_CACHE_ENV in cache_env else [])
 
 
-def _split_cells(nb, plan: dict, socket_path: str) -> tuple[dict, dict]:
+def _split_cells(nb, plan: dict, socket_path: str, cell_timeout: float) -> tuple[dict, dict]:
     """Each test cell becomes the kernel's side of the test (kernel_side.serve); each locked
     setup cell also runs in the tester, unless it runs in the kernel only. Returns (the
     kernel's source of each test cell -> its own source, the kernel's source of each cell the
@@ -274,7 +274,7 @@ def _split_cells(nb, plan: dict, socket_path: str) -> tuple[dict, dict]:
                                          "source": to_python(cell.source)}
             continue
         command = {"op": "test", "grade_id": gid, "source": to_python(cell.source),
-                   "names": plan["names"]}
+                   "names": plan["names"], "timeout": cell_timeout + 30}
         served = (f"# {gid}: the grader runs this test apart and your kernel answers its calls\n"
                   f"__import__('autograder.kernel_side').kernel_side.serve({socket_path!r})"
                   f"  # cell {i}\n")
@@ -322,7 +322,7 @@ def _execute_notebook(nb, base: Path, job: dict, log, plan: dict) -> dict:
     unpack_files(job["files"], work)
     lim = job["limits"]
     socket_path = str(runtime / TESTER_SOCKET)
-    original, commands = _split_cells(nb, plan, socket_path)
+    original, commands = _split_cells(nb, plan, socket_path, lim["cell_timeout"])
     home = base / "tester"
     home.mkdir()
     unpack_files(job.get("tester_files") or {}, home)

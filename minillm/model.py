@@ -54,12 +54,7 @@ _kinds: dict = {}      # (type of cache, protocol) -> bool: one isinstance check
 
 
 def cache_is(cache, protocol) -> bool:
-    """isinstance(cache, protocol), remembered per class (Protocol checks are slow per call).
-    A proxy whose class answers attribute reads itself (`__getattr__`: the grader's handle on a
-    cache in a student's kernel, autograder/remote.py) is asked for the methods each time."""
-    if hasattr(type(cache), "__getattr__"):
-        return all(hasattr(cache, name) for name, f in vars(protocol).items()
-                   if callable(f) and not name.startswith("_"))
+    """isinstance(cache, protocol), remembered per class (Protocol checks are slow per call)."""
     key = (type(cache), protocol)
     kind = _kinds.get(key)
     if kind is None:

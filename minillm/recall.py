@@ -11,8 +11,7 @@ so its accuracy falls as N grows past the state's size (Zoology, Arora et al. 20
 the trade-off between state size and recall). The lab trains one small model of each kind here.
 
 `mqar_batch` makes the data; `recall_model` builds a small `Transformer` of either mixer;
-`train_recall` trains one (plain Adam written out: torch.optim would import torch._dynamo, which
-the grader's integrity check reads as tampering); `recall_accuracy` scores it per N.
+`train_recall` trains one (plain Adam, written out); `recall_accuracy` scores it per N.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
                              warmup=2, repeats=7)
     print(ratio(times["naive"], times["cached"]))      # how many times faster "cached" is
 
-Rules this module follows (and the autograder relies on):
+Rules this module follows:
 
 * **Interleave.** Round r runs every function once, in dict order (a, b, a, b, ...), so a noisy
   neighbour, a CPU frequency change or a cache warming up hits both sides of a comparison alike.
@@ -23,10 +23,6 @@ Rules this module follows (and the autograder relies on):
   the process still counts. It is wrong for GPU work (the device's time is not CPU time) and
   it charges a thread pool's spin-waiting, so wall-clock `time_interleaved` stays the default.
 
-The clocks (`time.perf_counter`, `time.process_time`) and the median are bound when this module is
-imported, so code that later replaces them (or this module's attributes) cannot change what
-`time_interleaved` measures.
-
 * **Count the work too.** A time is a ratio on one machine; a count is exact anywhere.
   `WorkCounter(model)` counts the forward calls and the tokens fed to a model while a block
   runs, so a claim such as "the cached loop feeds each token once" is checked exactly.
@@ -42,14 +38,9 @@ import torch
 __all__ = ["time_interleaved", "cpu_time_interleaved", "median", "ratio", "perf_counter",
            "WorkCounter"]
 
-_is_tensor = torch.is_tensor
-_Module = torch.nn.Module
-_register_pre_hook = torch.nn.Module.register_forward_pre_hook
-_isinstance = isinstance
-
-
 def _build(clock: Callable[[], float], med: Callable):
-    # The functions are closures over the clock and median captured at import time.
+    """time_interleaved, median and ratio on `clock` (the grader's tester builds them on a clock
+    that also counts the student's kernel: autograder/tester.py)."""
 
     def median(values) -> float:
         """Median of a non-empty sequence of numbers."""
@@ -116,19 +107,11 @@ class WorkCounter:
         work.tokens   # sum over those calls of ids.numel() (first positional or `ids` argument)
 
     Uses a forward pre-hook on `model` (so `model(ids)` is counted, a direct `model.forward(...)`
-    is not), removed on exit. `WorkCounter.counting(model)` says whether one is counting it now,
-    read from the model's hooks (the grader's tester then runs that model's passes itself:
-    autograder/remote_objects.py).
+    is not), removed on exit.
     """
 
-    @staticmethod
-    def counting(model) -> bool:
-        return _isinstance(model, _Module) and any(
-            _isinstance(getattr(h, "__self__", None), WorkCounter)
-            for h in model._forward_pre_hooks.values())
-
     def __init__(self, model: torch.nn.Module):
-        if not _isinstance(model, _Module):
+        if not isinstance(model, torch.nn.Module):
             raise TypeError(f"WorkCounter needs a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.calls = 0
@@ -138,7 +121,7 @@ class WorkCounter:
     def _hook(self, module, args, kwargs):
         self.calls += 1
         ids = args[0] if args else kwargs.get("ids")
-        if _is_tensor(ids):
+        if torch.is_tensor(ids):
             self.tokens += int(ids.numel())
         return None
 
@@ -147,7 +130,7 @@ class WorkCounter:
             raise RuntimeError("WorkCounter is already active")
         self.calls = 0
         self.tokens = 0
-        self._handle = _register_pre_hook(self.model, self._hook, with_kwargs=True)
+        self._handle = self.model.register_forward_pre_hook(self._hook, with_kwargs=True)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -48,34 +48,40 @@ def one_thread():
 
 
 @pytest.fixture
-def across(monkeypatch):
-    """The checks with the tests in the tester (autograder/tester.py): the student's kernel
-    objects stay on the student's side of a socket (served from a thread here) and the tester
-    holds handles on them. Records the thread of every launch."""
+def across(tmp_path, monkeypatch):
+    """As graded: the test's calls cross a real socket to a "kernel" served from a thread here
+    (autograder/kernel_side.py), with plain values both ways (autograder/plain.py); probes
+    (autograder/probes.py) run on the kernel's side. `connect(namespace)` serves `namespace` as
+    the student's notebook and returns what a test in the tester sees of it: each function or
+    class a StudentFunction, each other value fetched by value. Records the threads that ran the
+    student's calls (`threads`: never the test's own)."""
     import socket
     import threading
 
-    from autograder import remote
-    from autograder.labs import kernelcheck as kc
-    threads = []
-    fresh = kc.fresh_kernel
+    from autograder import kernel_side, probes
+    from autograder.tester import Kernel
+    path = str(tmp_path / "tester.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    threads: list = []
 
-    def watched(kernel):
-        threads.append(threading.current_thread())
-        return fresh(kernel)
-    monkeypatch.setattr(kc, "fresh_kernel", watched)
-
-    def connect(namespace: dict):
-        a, b = socket.socketpair()
-        student = remote.Endpoint(b, share_handles=True, namespace=namespace)
-        server = threading.Thread(target=student.serve, daemon=True)
-        server.start()
-        tester = remote.Endpoint(a, share_handles=False, copy_modules=True)
-        monkeypatch.setattr(remote, "CURRENT", tester)
-        return tester, server
+    def connect(namespace: dict) -> dict:
+        def watched(fn):
+            def run(*a, **kw):
+                threads.append(threading.current_thread())
+                return fn(*a, **kw)
+            return run
+        served = {k: watched(v) if callable(v) else v for k, v in namespace.items()}
+        threading.Thread(target=kernel_side.serve, args=(path, served), daemon=True).start()
+        conn, _ = listener.accept()
+        kernel = Kernel(conn)
+        monkeypatch.setattr(probes, "_CONNECTION", kernel)
+        return {name: kernel.lookup(name) for name in namespace}
     yield connect, threads
-    if remote.CURRENT is not None:
-        remote.CURRENT.request("done", None)
+    if probes._CONNECTION is not None:
+        probes._CONNECTION.done()
+    listener.close()
 
 
 @pytest.fixture(scope="session")

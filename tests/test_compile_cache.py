@@ -35,7 +35,7 @@ COMPILE = ("import torch\n"
            "f = torch.compile(lambda x: (x.sin() * 2).sum())\n"
            "f(torch.randn(8))\n")
 # compiled in a process of its own, as lab 05's bench cell does (Dynamo in the kernel would
-# patch torch and leave threads: the sealed tests refuse that)
+# patch torch and leave threads in the kernel)
 STUDENT_CELL = "CHILD = " + repr(COMPILE + 'print(counters["inductor"]["fxgraph_cache_hit"])') + r'''
 import hashlib, json, os, subprocess, sys
 from pathlib import Path
@@ -118,7 +118,7 @@ def test_each_kernel_gets_a_fresh_copy_of_the_warm_cache(course, tmp_path):
         submit(course, tmp_path / "incoming", student)
     log: list[str] = []
     recs = grade_submissions(course, tmp_path / "incoming", sandbox=sandbox, feedback=False,
-                             evidence=False, log=log.append)
+                             log=log.append)
     assert [(r.student, r.status, r.score) for r in recs] == \
         [("first", "ok", 1.0), ("second", "ok", 1.0)], log
     assert any(f"{LAB}: compile cache warmed" in x for x in log), log
@@ -205,13 +205,10 @@ def test_lab05_warms_what_its_bench_cell_runs():
 
 
 @pytest.mark.parametrize("flags, expected", [
-    ([], {"compile_cache": True, "evidence": True}),
-    (["--no-compile-cache"], {"compile_cache": False, "evidence": True}),
-    (["--no-reference-run"], {"compile_cache": True, "evidence": False})])
-def test_grade_uses_the_cache_and_the_reference_run_unless_told_not_to(course, monkeypatch,
-                                                                        tmp_path, flags, expected):
-    """The warm compile cache (above) and the reference run (autograder/judge.py) are on by
-    default, each turned off by its flag."""
+    ([], {"compile_cache": True}),
+    (["--no-compile-cache"], {"compile_cache": False})])
+def test_grade_uses_the_cache_unless_told_not_to(course, monkeypatch, tmp_path, flags, expected):
+    """The warm compile cache (above) is on by default, off with its flag."""
     import autograder.__main__ as cli
     import autograder.grade
     seen = {}

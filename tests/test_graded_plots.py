@@ -77,7 +77,7 @@ def test_plots_reach_the_autograded_notebook_and_the_feedback(course, tmp_path, 
     monkeypatch.setenv("MPLBACKEND", "Agg")         # the grader's own setting stays outside
     student = "boxed" if sandbox else "unboxed"
     submit(course, tmp_path / "incoming" / student / LAB)
-    (rec,) = grade_submissions(course, tmp_path / "incoming", sandbox=sandbox, evidence=False,
+    (rec,) = grade_submissions(course, tmp_path / "incoming", sandbox=sandbox,
                                log=lambda _msg: None)
     assert rec.status == "ok" and rec.score == 1.0
     assert_plotted(course.autograded(student, LAB) / f"{LAB}.ipynb")

@@ -373,26 +373,3 @@ def test_empty_batch_and_interpreter_setup():
     assert y.shape == (0, 8)
     if not torch.cuda.is_available():
         assert dm.INTERPRET, "kernels/ must switch Triton to its interpreter without CUDA"
-
-
-def test_kernels_imported_inside_a_disabled_block_keep_working():
-    """On a GPU, QuantLinear imports `kernels` lazily, which lab 04 first does inside a hidden
-    test's `reference_disabled("minillm.quant.absmax_quantize", ...)`. Names that kernels bound
-    at import would then stay the block's guard, and `quantize_w8` would fail ever after (seen
-    running the lab on an H100). reference_disabled swaps code objects and restores them."""
-    import subprocess
-    import sys
-    code = ("import torch, autograder as ag\n"
-            "with ag.reference_disabled('minillm.quant.absmax_quantize',\n"
-            "                           'minillm.quant.group_quantize_int4',\n"
-            "                           'minillm.quant.pack_int4', 'minillm.quant.unpack_int4'):\n"
-            "    import kernels\n"
-            "w = torch.randn(4, 64)\n"
-            "kernels.quantize_w8(w)\n"
-            "q, s, z = kernels.quantize_w4(w, 32)\n"
-            "assert torch.equal(kernels.pack_int4(kernels.unpack_int4(q)), q)\n"
-            "print('ok')\n")
-    env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env=env)
-    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]

@@ -110,7 +110,7 @@ def graded(tmp_path_factory):
         d.mkdir(parents=True)
         nbformat.write(submission(course, answers), str(d / f"{LAB}.ipynb"))
     log: list[str] = []
-    records = grade_submissions(course, subs, log=log.append, evidence=False)
+    records = grade_submissions(course, subs, log=log.append)
     return course, subs, {r.student: r for r in records}, log
 
 
@@ -160,8 +160,7 @@ def test_manual_scores_count_survive_a_regrade_and_reach_the_feedback(graded):
     assert float(r["bob"]["written_score"]) == 0.0 and float(r["bob"]["score"]) == 1.0
 
     log: list[str] = []
-    again = {x.student: x for x in grade_submissions(course, subs, log=log.append,
-                                                      evidence=False)}
+    again = {x.student: x for x in grade_submissions(course, subs, log=log.append)}
     written = {c.grade_id: c.score for c in again["alice"].cells if not c.autograded}
     assert written == {"98_q1": 2.0, "98_q2": 1.0}, "a regrade lost the grader's scores"
     assert "need manual grading" not in "\n".join(log)

@@ -122,16 +122,16 @@ def test_in_the_sandbox_the_meter_counts_the_whole_pid_namespace(tmp_path):
 
 def test_the_tester_refuses_to_time_without_a_meter(monkeypatch):
     """A kernel whose CPU time cannot be read must not look free: the timed check fails."""
-    from autograder import remote, timing
+    from autograder import probes, timing
     from autograder.tester import Tester
 
     monkeypatch.setattr(timing, "_cpu_time_interleaved", timing._cpu_time_interleaved)
-    monkeypatch.setattr(remote, "CURRENT", object())
+    monkeypatch.setattr(probes, "_CONNECTION", object())
     tester = Tester.__new__(Tester)
     from autograder import tester as tester_module
     tester.meter = None
     tester_module._time_the_kernel_too(tester)
     with pytest.raises(UnaccountedWork, match="cannot read your kernel's CPU time"):
         timing.time_ratio(lambda: None, lambda: None, warmup=0, repeats=1)
-    monkeypatch.setattr(remote, "CURRENT", None)          # no test running: the tester's own
+    monkeypatch.setattr(probes, "_CONNECTION", None)      # no test running: the tester's own
     assert timing.time_ratio(lambda: time.sleep(0), lambda: None, warmup=0, repeats=1).ratio > 0

@@ -18,8 +18,8 @@ stream, or drops a plain request) has its request aborted and its KV blocks free
 
 `BackgroundServer` runs the same app in a thread of the current process (a notebook's): it
 gives the URL and the engine loop, whose batch limit the lab 06 explorer moves. Its threads
-outlive the cell that starts it, so it cannot run in a locked (graded) cell: the autograder
-refuses a locked cell that leaves a thread behind.
+outlive the cell that starts it, so a lab starts it in a cell of the student's, not in a locked
+cell (the grader runs locked setup cells in its tester too: autograder/tester.py).
 """
 # no `from __future__ import annotations`: FastAPI reads the handlers' annotations at run time
 import asyncio

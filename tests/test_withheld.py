@@ -1,0 +1,98 @@
+"""The graded lab's references are withheld from the student's kernel (autograder/withheld.py):
+the kernel imports the course from a copy in which each declared definition is a stub that
+names the lab and what the student writes; everything else works as installed."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.tester_plan import withheld_of
+from autograder.withheld import build, stub_source
+
+REPO = Path(__file__).resolve().parent.parent
+LABS = sorted(p.name for p in (REPO / "labs").iterdir() if (p / f"{p.name}.ipynb").is_file())
+
+
+def run_with(course: Path, code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(course)}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=course)        # not the repository: its minillm/
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def test_a_withheld_function_raises_naming_the_lab_and_what_to_write(tmp_path):
+    course, links = build({"minillm.sampling:top_p_filter": "top_p_filter",
+                           "minillm.kvcache:KVCache": "StaticKVCache"}, "00_sampling",
+                          tmp_path / "course")
+    assert (REPO / "minillm" / "assets").resolve() in links
+    out = run_with(course, """
+import importlib, inspect, torch, minillm, minillm.sampling as s
+from minillm.kvcache import KVCache
+print(minillm.__file__)
+print(s.top_k_filter(torch.tensor([1.0, 2.0]), 1).tolist())      # the rest works
+print(type(minillm.load("target")).__name__)                     # the shipped weights load
+for call in (lambda: s.top_p_filter(torch.zeros(3), 0.5), lambda: KVCache(None, 1, 8),
+             lambda: importlib.reload(s).top_p_filter(torch.zeros(3), 0.5)):
+    try:
+        call()
+    except NotImplementedError as e:
+        print("withheld:", e)
+print("source:", "cumsum" in inspect.getsource(s.top_p_filter))
+class Mine(KVCache):                                              # still a class to subclass
+    pass
+print("subclass ok")
+""")
+    assert out.splitlines()[0].startswith(str(course))
+    assert "[-inf, 2.0]" in out and "Transformer" in out and "subclass ok" in out
+    assert out.count("withheld: minillm.sampling.top_p_filter is the course's answer to lab "
+                     "00_sampling") == 2, out
+    assert "the grader runs your own StaticKVCache" in out and "source: False" in out
+
+
+def test_a_declaration_that_names_nothing_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no such definition"):
+        build({"minillm.sampling:nothing_here": "x"}, "00", tmp_path / "a")
+    with pytest.raises(ValueError, match="do not exist"):
+        build({"minillm.nowhere:f": "x"}, "00", tmp_path / "b")
+    with pytest.raises(ValueError, match="module:qualname inside"):
+        build({"torch.nn:Linear": "x"}, "00", tmp_path / "c")
+
+
+def test_a_stub_keeps_the_signature_decorators_and_docstring():
+    text = ('import functools\n\n\n@functools.lru_cache\ndef f(x, *, y=2):\n    """Doc."""\n'
+            '    z = x + y\n    return z\n\n\nclass C:\n    k = 3\n\n    def m(self):\n'
+            '        return 1\n')
+    out = stub_source(text, {"f": "no", "C": "nope"}, "m")
+    assert "@functools.lru_cache\ndef f(x, *, y=2):\n    \"\"\"Doc.\"\"\"\n    raise " \
+           "NotImplementedError('no')" in out
+    assert "    k = 3" in out and "        raise NotImplementedError('nope')" in out
+    assert "return z" not in out and "return 1" not in out
+    compile(out, "m", "exec")
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_labs_declaration_withholds_what_it_names(lab, tmp_path):
+    """Each lab's source notebook declares its withheld references, and each one is a stub in
+    the copy its kernel imports."""
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    withheld = withheld_of(nb)
+    assert withheld, f"{lab} withholds nothing: delegating to the course would pass its tests"
+    course, _ = build(withheld, lab, tmp_path / "course")
+    targets = sorted(withheld)
+    out = run_with(course, f"""
+import importlib, inspect
+for target in {targets!r}:
+    module, _, qualname = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    text = inspect.getsource(obj)
+    print(target, "is withheld while" in text)
+""")
+    assert out.split() == [w for t in targets for w in (t, "True")], out
