@@ -51,7 +51,8 @@ clean-venv:
 # 01_roofline") -> build/release/, registered in build/gradebook.db; overwrites build/release.
 # grade: SUBMISSIONS=dir holding dir/<student>/<lab>/<lab>.ipynb -> gradebook, build/grades.csv,
 # build/feedback/; JOBS=N executes N at once, SCHEDULER=tcp://host:port on a Dask cluster; each
-# kernel runs in a bubblewrap sandbox (apt-get install bubblewrap; see autograder/README.md).
+# kernel runs in a bubblewrap sandbox (apt-get install bubblewrap; see autograder/README.md);
+# SIMILARITY=1 compares the answers (copydetect; ARCHIVE=dir adds earlier terms' submissions).
 # selfgrade: NB=path/to/notebook.ipynb, graded in a temporary course; ANSWERS=1 then shows the
 # model answers and rubrics of the written answers you have written. release, grade and report
 # run one at a time on build/ (a second one waits up to AUTOGRADER_LOCK_WAIT=600 seconds).
@@ -63,7 +64,8 @@ release: $(STAMP)
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=dir (dir/<student>/<lab>/<lab>.ipynb)"; exit 2; }
 	$(PY) -m autograder grade "$(SUBMISSIONS)" $(if $(JOBS),--jobs $(JOBS),) \
-		$(if $(SCHEDULER),--scheduler $(SCHEDULER),)
+		$(if $(SCHEDULER),--scheduler $(SCHEDULER),) $(if $(SIMILARITY),--similarity,) \
+		$(if $(ARCHIVE),--similarity-archive $(ARCHIVE),)
 
 selfgrade: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make selfgrade NB=path/to/notebook.ipynb"; exit 2; }
