@@ -10,9 +10,9 @@ connects to the tester's socket and answers its requests until the tester says i
     {"op": "done"}
 
 Arguments and results are plain values (autograder/plain.py); a StudentRef among the arguments
-is the notebook's object of that name. A list, dict, tensor, array or Generator argument that
-the call changed in place is sent back with the result ("changed"), so the tester's copy
-changes as the student's did. What the student's code raises crosses as its type name and
+is the notebook's object of that name. An argument the call changed in place (a list, dict,
+tensor, array or Generator, or one inside a tuple, list or dict) is sent back with the result
+("changed"), so the tester's copy changes as the student's did. What the student's code raises crosses as its type name and
 message. The kernel never sees a test's text: only these requests.
 """
 from __future__ import annotations
@@ -20,12 +20,11 @@ from __future__ import annotations
 import importlib
 import socket
 
-from .plain import Codec, Disconnected, NotPlain, ProtocolError, recv, send
+from .plain import Codec, Disconnected, ProtocolError, recv, send
 
 __all__ = ["serve", "MAX_TEXT"]
 
 MAX_TEXT = 4000                  # characters of an exception message that cross
-_MUTABLE = ("list", "dict", "Tensor", "ndarray", "Generator")
 
 
 def serve(path: str, namespace: dict | None = None) -> None:
@@ -82,7 +81,7 @@ def _answer(message: dict, blobs: list, namespace: dict, out: Codec) -> dict:
     result = fn(*args, **kwargs)
     body = {"ok": out.enc(result, where=f"what {what} returned")}
     changed = [[i, out.enc(a, where=f"argument {i + 1} after {what}")]
-               for i, a in enumerate(args) if before[i] is not None and _snapshot(a) != before[i]]
+               for i, a in enumerate(args) if not _same(before[i], _snapshot(a))]
     if changed:
         body["changed"] = changed
     return body
@@ -98,15 +97,40 @@ def _probe(name) -> object:
     return PROBES[name]
 
 
-def _snapshot(x):
-    """What a mutable argument holds, to see whether a call changed it (None: not mutable)."""
-    if type(x).__name__ not in _MUTABLE:
-        return None
-    try:
-        codec = Codec()
-        return repr(codec.enc(x)), [bytes(b) for b in codec.blobs]
-    except NotPlain:
-        return None
+def _snapshot(x, depth: int = 0):
+    """What an argument holds, to see whether a call changed it."""
+    import numpy as np
+    import torch
+    if isinstance(x, torch.Tensor):
+        return ("T", x.detach().clone())
+    if isinstance(x, np.ndarray):
+        return ("A", x.copy())
+    if isinstance(x, torch.Generator):
+        return ("G", x.get_state())
+    if type(x) in (list, tuple) and depth < 8:
+        return ("l", [_snapshot(v, depth + 1) for v in x])
+    if type(x) is dict and depth < 8:
+        return ("d", [(k, _snapshot(v, depth + 1)) for k, v in x.items()])
+    return ("v", x if x is None or type(x) in (bool, int, float, str) else id(x))
+
+
+def _same(a, b) -> bool:
+    import numpy as np
+    import torch
+    if a[0] != b[0]:
+        return False
+    if a[0] in ("T", "G"):
+        return a[1].shape == b[1].shape and a[1].dtype == b[1].dtype and \
+            torch.equal(a[1], b[1])
+    if a[0] == "A":
+        return a[1].shape == b[1].shape and a[1].dtype == b[1].dtype and \
+            np.array_equal(a[1], b[1])
+    if a[0] == "l":
+        return len(a[1]) == len(b[1]) and all(map(_same, a[1], b[1]))
+    if a[0] == "d":
+        return [k for k, _ in a[1]] == [k for k, _ in b[1]] and \
+            all(_same(x, y) for (_, x), (_, y) in zip(a[1], b[1]))
+    return a[1] == b[1] or a[1] != a[1]       # (NaN: unchanged)
 
 
 def _text(e: BaseException) -> str:

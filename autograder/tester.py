@@ -104,8 +104,9 @@ class Kernel:
         recv(self.conn)
 
 
-def _copy_into(old, new) -> None:
-    """Make the tester's argument `old` hold what the student's call left in its copy."""
+def _copy_into(old, new):
+    """Make the tester's argument `old` hold what the student's call left in its copy, in
+    place where it can (the tensors inside a tuple too); returns what stands for it now."""
     import numpy as np
     import torch
     if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
@@ -114,17 +115,24 @@ def _copy_into(old, new) -> None:
                 old.copy_(new)
             else:
                 old.set_(new.clone())
-    elif type(old) is list and type(new) is list:
-        old[:] = new
+    elif type(old) in (list, tuple) and type(new) in (list, tuple):
+        same = len(old) == len(new)
+        items = [_copy_into(a, b) for a, b in zip(old, new)] if same else list(new)
+        if type(old) is list:
+            old[:] = items
+        elif not same or any(a is not b for a, b in zip(old, items)):
+            raise ProtocolError("your code changed a tuple it was given")
     elif type(old) is dict and type(new) is dict:
+        items = {k: _copy_into(old[k], v) if k in old else v for k, v in new.items()}
         old.clear()
-        old.update(new)
+        old.update(items)
     elif isinstance(old, torch.Generator) and isinstance(new, torch.Generator):
         old.set_state(new.get_state())
     elif isinstance(old, np.ndarray) and isinstance(new, np.ndarray) and old.shape == new.shape:
         old[...] = new
     else:
-        raise ProtocolError("an argument changed into something else")
+        return new
+    return old
 
 
 class Namespace(dict):

@@ -11,7 +11,7 @@ A lab's source notebook declares the course definitions its student writes again
 docstring and raises NotImplementedError naming the lab and what the student writes; every
 method of a class does the same (its attributes and fields stay, so subclasses and type hints
 still work). Everything else is the course's code as it is; files that are not Python (the
-shipped checkpoints) are links to the installed ones. The grader's kernel imports the course
+shipped checkpoints, and the corpus beside the package) are links to the installed ones. The grader's kernel imports the course
 from that copy, and in the sandbox the installed packages are not there at all
 (autograder/jobs.py), so delegating to the reference fails by construction, through any alias
 or import trick, and its source cannot be read in the kernel. Earlier labs' references stay.
@@ -57,6 +57,10 @@ def build(withheld: dict[str, str], lab: str, dest: Path) -> tuple[Path, list[Pa
     seen: set[str] = set()
     for pkg in PACKAGES:
         _copy(package_dir(pkg), Path(dest) / pkg, pkg, by_module, links, seen)
+    corpus = package_dir("minillm").parent / "data"        # minillm.data reads ../data
+    if corpus.is_dir():
+        os.symlink(corpus, Path(dest) / "data")
+        links.append(corpus)
     missing = set(by_module) - seen
     if missing:
         raise ValueError(f"withheld from modules that do not exist: {sorted(missing)}")

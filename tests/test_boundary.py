@@ -106,11 +106,18 @@ def student_namespace():
     def fails():
         raise ValueError("temperature must be > 0")
 
+    def step(state, log):
+        S, z = state                                # a decode state: a tuple of tensors
+        S.add_(1)
+        z.mul_(2)
+        log[0]["n"] += 1
+        return None
+
     def odd():
         class Mine(Exception):
             pass
         raise Mine("a custom exception")
-    return {"scale": scale, "fill": fill, "Cache": Cache, "fails": fails, "odd": odd,
+    return {"scale": scale, "fill": fill, "Cache": Cache, "fails": fails, "odd": odd, "step": step,
             "answer": np.float64(0.25), "model": torch.nn.Linear(2, 2)}
 
 
@@ -126,6 +133,9 @@ def test_a_call_runs_in_the_kernel_and_changes_come_back(across):
     assert ns["fill"](items, box, g) == expected
     assert items == [7, 1] and box == {"seen": True}
     assert torch.rand(1, generator=g).item() != expected       # the generator advanced
+    S, z, log = torch.zeros(2), torch.ones(3), [{"n": 0}]
+    assert ns["step"]((S, z), log) is None
+    assert S.tolist() == [1.0, 1.0] and z.tolist() == [2.0] * 3 and log == [{"n": 1}]
     assert threads and all(t.name != "MainThread" for t in threads)
 
 

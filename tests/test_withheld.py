@@ -37,6 +37,8 @@ from minillm.kvcache import KVCache
 print(minillm.__file__)
 print(s.top_k_filter(torch.tensor([1.0, 2.0]), 1).tolist())      # the rest works
 print(type(minillm.load("target")).__name__)                     # the shipped weights load
+from minillm.data import CORPUS_DIR
+print("corpus:", CORPUS_DIR.is_dir())
 for call in (lambda: s.top_p_filter(torch.zeros(3), 0.5), lambda: KVCache(None, 1, 8),
              lambda: importlib.reload(s).top_p_filter(torch.zeros(3), 0.5)):
     try:
@@ -50,6 +52,7 @@ print("subclass ok")
 """)
     assert out.splitlines()[0].startswith(str(course))
     assert "[-inf, 2.0]" in out and "Transformer" in out and "subclass ok" in out
+    assert "corpus: True" in out
     assert out.count("withheld: minillm.sampling.top_p_filter is the course's answer to lab "
                      "00_sampling") == 2, out
     assert "the grader runs your own StaticKVCache" in out and "source: False" in out
