@@ -332,6 +332,7 @@ def _execute_notebook(nb, base: Path, job: dict, log, plan: dict) -> dict:
     course, links = withheld.build(job.get("withheld") or {}, job["lab"], base / "course")
     # this kernel's own copy of the grader's warm compile cache (autograder/compile_cache.py)
     cache_env = install_compile_cache(job.get("compile_cache") or {}, base / "compile_cache")
+    tester = TesterProcess(socket_path, cwd=str(home), env=dict(os.environ))   # the real course
     kw = {}
     if job.get("sandbox"):
         from .sandbox import SandboxKernelManager
@@ -341,7 +342,6 @@ def _execute_notebook(nb, base: Path, job: dict, log, plan: dict) -> dict:
         os.environ.update(cache_env)
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(course)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    tester = TesterProcess(socket_path, cwd=str(home))
     ex = GuardedExecute(timeout=lim["cell_timeout"], notebook_timeout=lim["notebook_timeout"],
                         startup_timeout=120, interrupt_on_timeout=True, allow_errors=True,
                         kernel_name="python3", tester=tester, tester_cells=commands, **kw)
