@@ -5,7 +5,7 @@ full automatic points, with status ok, graded in one batch as an instructor grad
 A grader that zeroes an honest student is as wrong as one that can be cheated: torch.optim,
 torch.compile, thread pools, NumPy, classes, caches, the student's own seeding, warnings
 filters, extra cells, plots and floods of prints are the student's business. Each lab's styles
-are in tests/fairness_labNN.py. Each notebook runs up to its last autograded cell (the lab's
+are in tests/fairness_lab00.py and tests/fairness_more.py. Each notebook runs up to its last autograded cell (the lab's
 own measurements after it cannot change a verdict, and are graded elsewhere).
 `FAIRNESS_ONLY=name,name` grades only those submissions.
 """
@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import fairness_lab00
+import fairness_more
 import nbformat
 import pytest
 from test_pipeline import autograded_code_cells, without_the_tail
@@ -25,7 +26,7 @@ from autograder.grade import grade_submissions
 from autograder.sandbox import sandbox_unavailable_reason
 
 REPO = Path(__file__).resolve().parent.parent
-SUBMISSIONS = fairness_lab00.SUBMISSIONS
+SUBMISSIONS = fairness_lab00.SUBMISSIONS + fairness_more.SUBMISSIONS
 _ONLY = [x for x in os.environ.get("FAIRNESS_ONLY", "").split(",") if x]
 SELECTED = [s for s in SUBMISSIONS if not _ONLY or s.name in _ONLY]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fairness")]

@@ -3,6 +3,8 @@
 The notebook pipeline (tests/test_pipeline.py) grades one wrong submission per lab through
 nbgrader; here a single test cell meets a single mistake, so each mistake is shown to cost the
 points of the cell that should catch it (visible and hidden part together, as when graded).
+In one process a probe (autograder/probes.py) is an ordinary call: the cell's checks on what
+the probe returns are the ones graded in the tester.
 """
 from __future__ import annotations
 
@@ -56,3 +58,24 @@ def test_lab02_generate_test_catches_one_forward_pass_too_many(lab02):
         exec(compile(src["02_generate_test"], "02_generate_test", "exec"), ns)
     msg = str(e.value)
     assert "6 forward calls" in msg and "expected 5 calls" in msg, msg
+
+
+# a cache that returns copies of its buffers: the right values, but not the views the lab asks for
+# (lab02.cache_trace compares the memory of what update returns with the cache's own tensors)
+RETURNS_COPIES = ("        return (self.k[layer_idx][:, :, :end], self.v[layer_idx][:, :, :end],",
+                  "        return (self.k[layer_idx][:, :, :end].clone(), "
+                  "self.v[layer_idx][:, :, :end].clone(),")
+
+
+def test_lab02_cache_test_passes_the_solution(lab02):
+    src, ns = lab02
+    exec(compile(src["02_cache_test"], "02_cache_test", "exec"), ns)
+
+
+def test_lab02_cache_test_catches_copies_instead_of_views(lab02):
+    src, ns = lab02
+    old, new = RETURNS_COPIES
+    assert old in src["02_cache"], "the solution's update changed: update this test"
+    exec(compile(src["02_cache"].replace(old, new), "02_cache", "exec"), ns)
+    with pytest.raises(AssertionError, match="not copies"):
+        exec(compile(src["02_cache_test"], "02_cache_test", "exec"), ns)

@@ -1,0 +1,110 @@
+"""Honest submissions to labs 06, 08 and 09 in other styles (tests/test_fairness.py grades them):
+NumPy where torch was shown, a scheduler written as a class over a deque, a distillation step
+with a torch.optim optimizer of the student's own for a sanity check and a loss written out by
+hand, and linear attention written with einsum."""
+from __future__ import annotations
+
+from fairness_common import Honest
+
+NUMPY_PERCENTILE = '''
+import numpy as np
+
+def percentile(values, p):
+    if len(values) == 0:
+        raise ValueError("percentile of an empty list")
+    if not 0 <= p <= 100:
+        raise ValueError(f"p must be in [0, 100], got {p}")
+    return np.percentile(np.asarray(values, dtype=np.float64), p)     # linear by default
+
+def latencies(seq):
+    n = seq.num_output_tokens
+    return {"ttft": seq.first_token_time - seq.arrival_time,
+            "tpot": (seq.finish_time - seq.first_token_time) / (n - 1) if n > 1 else 0.0,
+            "e2e": seq.finish_time - seq.arrival_time}
+'''
+
+SCHEDULER_CLASS = '''
+from collections import deque
+from itertools import islice
+
+def simulate_static(output_lens, max_batch):
+    steps, ids = [], iter(range(len(output_lens)))
+    while batch := list(islice(ids, max_batch)):
+        for s in range(max(output_lens[i] for i in batch)):
+            steps.append([i for i in batch if output_lens[i] > s])
+    return steps
+
+class Scheduler:
+    """Iteration-level scheduling: join before a step, leave after it."""
+    def __init__(self, output_lens, max_batch):
+        self.left = list(output_lens)
+        self.waiting = deque(range(len(output_lens)))
+        self.running = []
+        self.max_batch = max_batch
+
+    def step(self):
+        while self.waiting and len(self.running) < self.max_batch:
+            self.running.append(self.waiting.popleft())
+        batch = sorted(self.running)
+        for i in self.running:
+            self.left[i] -= 1
+        self.running = [i for i in self.running if self.left[i] > 0]
+        return batch
+
+    def done(self):
+        return not self.waiting and not self.running
+
+def simulate_continuous(output_lens, max_batch):
+    sched = Scheduler(output_lens, max_batch)
+    steps = []
+    while not sched.done():
+        steps.append(sched.step())
+    return steps
+'''
+
+KL_BY_HAND = '''
+def distillation_loss(student_logits, teacher_logits, temperature=1.0):
+    if not temperature > 0:
+        raise ValueError("the temperature must be positive")
+    V = student_logits.size(-1)
+    s = (student_logits.float() / temperature).reshape(-1, V)
+    t = (teacher_logits.float() / temperature).reshape(-1, V)
+    p_t = torch.softmax(t, -1)
+    kl = (p_t * (torch.log_softmax(t, -1) - torch.log_softmax(s, -1))).sum(-1)
+    return kl.mean() * temperature * temperature
+
+# my own check that the loss trains: a few Adam steps on a toy student reach the teacher
+_toy = torch.nn.Parameter(torch.zeros(2, 5))
+_target = torch.randn(2, 5)
+_opt = torch.optim.Adam([_toy], lr=0.1)
+for _ in range(200):
+    _opt.zero_grad()
+    distillation_loss(_toy, _target).backward()
+    _opt.step()
+assert distillation_loss(_toy, _target).item() < 1e-3
+'''
+
+EINSUM_ATTENTION = '''
+def la_parallel(q, k, v, decay):
+    T = q.size(-2)
+    phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
+    pos = torch.arange(T)
+    age = (pos.view(-1, 1) - pos.view(1, -1)).to(q.dtype)
+    gamma = torch.as_tensor(decay, dtype=q.dtype).view(-1, 1, 1)
+    mask = torch.where(age >= 0, gamma ** age.clamp(min=0), torch.zeros((), dtype=q.dtype))
+    scores = torch.einsum("bhtd,bhsd->bhts", phi_q, phi_k) * mask
+    return torch.einsum("bhts,bhsd->bhtd", scores, v) / (scores.sum(-1, keepdim=True) + EPS)
+'''
+
+SUBMISSIONS = [
+    Honest("06_continuous_batching", "numpy_percentile", "percentile with NumPy's np.percentile",
+           {"06_metrics": NUMPY_PERCENTILE}),
+    Honest("06_continuous_batching", "scheduler_class",
+           "a Scheduler class over a deque, itertools for the static batches",
+           {"06_schedule": SCHEDULER_CLASS}),
+    Honest("08_pruning_distillation", "kl_by_hand",
+           "the KL written out, checked with the student's own torch.optim.Adam loop",
+           {"08_kd_loss": KL_BY_HAND}),
+    Honest("09_beyond_attention", "einsum_attention", "linear attention written with einsum",
+           {"09_parallel": EINSUM_ATTENTION}),
+]
