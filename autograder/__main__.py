@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             return main_selfgrade(args)
         from .course import Course
         course = Course(args.root) if args.root else Course.find()
-        # release, grade and report read and write build/ (release folder, gradebook): one at a
-        # time, the others wait (Course.lock, AUTOGRADER_LOCK_WAIT)
+        # release, grade and report rewrite build/: one at a time (Course.lock)
         with course.lock(shlex.join(sys.argv[1:] if argv is None else argv)):
             return _run(args, course)
     except (FileNotFoundError, ValueError, RuntimeError) as e:

@@ -1,8 +1,5 @@
-"""Helpers for test cells: `assert_close`, and `WorkCounter` (minillm.timing's, counted where
-the model runs: in a probe, autograder/probes.py).
-
-Tests run in the tester, a trusted process (autograder/tester.py): these helpers compare plain
-values the tester holds, so nothing here needs defending against the student's code.
+"""Test-cell helpers. They run in the tester, on values it holds: nothing here defends against
+student code.
 """
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ __all__ = ["assert_close", "within_tolerance", "WorkCounter"]
 
 def within_tolerance(actual: torch.Tensor, expected: torch.Tensor, *, atol: float,
                      rtol: float) -> torch.Tensor:
-    """Elementwise, on two float64 tensors of one shape: |actual - expected| <= atol + rtol *
-    |expected|; NaN matches NaN, and an infinity only the same infinity."""
+    """|actual - expected| <= atol + rtol * |expected|; NaN matches NaN, inf only itself."""
     return torch.isclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True) | \
         torch.eq(actual, expected)
 
@@ -58,17 +54,8 @@ def _fmt(v: float) -> str:
 
 def assert_close(actual: Any, expected: Any, *, atol: float = 1e-5, rtol: float = 1e-5,
                  name: str = "value") -> None:
-    """Check |actual - expected| <= atol + rtol * |expected| elementwise.
-
-    Works on torch tensors, numpy arrays, Python numbers and nested lists. Infinities must match
-    exactly and NaN matches NaN. On failure the AssertionError says what differs: the shapes, the
-    dtypes (when both sides are tensors or both are arrays), or how many elements are off, the
-    largest absolute and relative differences and, at the worst element, both values.
-    """
-    _assert_close(actual, expected, atol=atol, rtol=rtol, name=name)
-
-
-def _assert_close(actual, expected, *, atol, rtol, name) -> None:
+    """Elementwise closeness of tensors, arrays, numbers or nested lists; the AssertionError
+    says what differs, where and by how much."""
     if actual is None:
         raise AssertionError(f"{name}: got None (did the function forget to `return`?), "
                              f"expected {_describe(expected)}")
@@ -91,14 +78,14 @@ def _assert_close(actual, expected, *, atol, rtol, name) -> None:
     bad = ~ok
     n_bad, n = int(bad.sum()), a64.numel()
     diff = torch.abs(a64 - e64)
-    diff = torch.where(torch.isnan(diff), torch.zeros_like(diff) + math.inf, diff)     # nan / inf mismatches
+    diff = torch.where(torch.isnan(diff), torch.zeros_like(diff) + math.inf, diff)  # nan / inf
     diff = torch.where(bad, diff, torch.zeros_like(diff))
     rel = diff / torch.abs(e64)
     rel = torch.where(torch.isnan(rel), torch.zeros_like(rel) + math.inf, rel)
     rel = torch.where(bad, rel, torch.zeros_like(rel))
 
     def at(flat_idx: int) -> str:
-        idx = tuple(int(i) for i in np.unravel_index(flat_idx, tuple(a64.shape))) if a64.dim() else ()
+        idx = tuple(map(int, np.unravel_index(flat_idx, tuple(a64.shape)))) if a64.dim() else ()
         where = f"index {idx if len(idx) != 1 else idx[0]}" if idx else "the scalar"
         return (f"{where}: actual {_fmt(float(a64.reshape(-1)[flat_idx]))} vs expected "
                 f"{_fmt(float(e64.reshape(-1)[flat_idx]))}")

@@ -1,17 +1,6 @@
-"""One nbgrader course on disk and the nbgrader steps the CLI runs on it.
-
-A course root is a directory holding `nbgrader_config.py` and `labs/` (the repository itself, or a
-temporary copy made by the tests or by `selfgrade`). Every nbgrader command runs as a subprocess
-with the root as working directory and `--CourseDirectory.root`, so nbgrader always finds the
-config (without it nbgrader silently uses ./gradebook.db and finds nothing).
-
-Each nbgrader step and each grading job runs as a child process under limits
-(autograder/processes.py); a submission that crashes, hangs or is killed scores zero for every
-test that did not pass.
-
-`Course.lock` keeps two commands from using one build/ at once (`python -m autograder release`,
-`grade` and `report` hold it for their whole run): the second waits for the first, saying which
-command it waits for, and gives up with an error after AUTOGRADER_LOCK_WAIT seconds.
+"""One nbgrader course on disk (nbgrader_config.py and labs/) and the nbgrader steps run on it,
+each a child process in the root with `--CourseDirectory.root` (else nbgrader silently uses
+./gradebook.db). `Course.lock`: one command at a time on build/ (autograder/README.md).
 """
 from __future__ import annotations
 
@@ -28,21 +17,12 @@ from .records import CellScore, GradeRecord
 
 LAB_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
 STUDENT_RE = re.compile(r"^[A-Za-z0-9_.@-]+$")
-MARGIN_S = 180                      # nbgrader + kernel start-up and shutdown on a busy machine
-LOCK_FILE = ".autograder.lock"      # in build/: the command that holds build/ (Course.lock)
+LOCK_FILE = ".autograder.lock"      # in build/: the command that holds it
 LOCK_WAIT_ENV = "AUTOGRADER_LOCK_WAIT"
-LOCK_WAIT_S = 600.0                 # covers a release of every lab, or a small grading batch
+LOCK_WAIT_S = 600.0                 # a release of every lab, or a small grading batch
 LOCK_POLL_S = 0.2
 
 
-def _ensure_alembic_on_path() -> None:
-    # nbgrader.api.Gradebook runs the `alembic` executable found on PATH.
-    bindir = str(Path(sys.executable).parent)
-    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-
-
-# --- the course -------------------------------------------------------------------------------
 class Course:
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
@@ -51,8 +31,7 @@ class Course:
 
     @classmethod
     def find(cls, start: str | Path | None = None) -> "Course":
-        """The course root: `start` or the working directory or one of their parents, else the
-        directory holding the autograder package."""
+        """`start` (or the working directory) or a parent, else the autograder package's."""
         here = Path(start or os.getcwd()).resolve()
         for d in [here, *here.parents, package_parent()]:
             if (d / "nbgrader_config.py").is_file() and (d / "labs").is_dir():
@@ -60,7 +39,6 @@ class Course:
         raise FileNotFoundError("no course root (a directory with nbgrader_config.py and labs/) "
                                 f"at or above {here}; pass --root")
 
-    # paths
     @property
     def build(self) -> Path:
         return self.root / "build"
@@ -85,7 +63,6 @@ class Course:
         return self.build / "feedback" / student / lab
 
     def labs(self) -> list[str]:
-        """Lab folders labs/NN_topic that hold NN_topic.ipynb, sorted."""
         d = self.root / "labs"
         if not d.is_dir():
             return []
@@ -98,16 +75,10 @@ class Course:
             raise ValueError(f"unknown lab {lab!r}; labs in {self.root / 'labs'}: {self.labs()}")
         return lab
 
-    # one command at a time on build/
     @contextlib.contextmanager
     def lock(self, command: str, *, wait: float | None = None, log=None):
-        """Hold build/.autograder.lock (an exclusive `flock`) for the duration of `command`, so
-        that a release and a grading run never share build/ (one's `generate_assignment --force`
-        rewrites the release folder and the gradebook entries the other is reading). If another
-        process holds it, say which and wait up to `wait` seconds (default AUTOGRADER_LOCK_WAIT,
-        else 600; 0 = do not wait), then raise RuntimeError naming it. The lock goes with its
-        process: a command that was killed leaves nothing to clean up. Not re-entrant: take it
-        once per command (autograder/__main__.py does)."""
+        """Hold build/.autograder.lock (a `flock`) while `command` runs, waiting up to `wait` s
+        for another holder (named), then RuntimeError. Not re-entrant."""
         wait = lock_wait_seconds() if wait is None else float(wait)
         log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.build.mkdir(parents=True, exist_ok=True)
@@ -138,7 +109,6 @@ class Course:
                 os.ftruncate(fd, 0)     # while still held: a reader never sees a stale holder
             os.close(fd)                # releases the lock
 
-    # nbgrader
     def nbgrader(self, *args: str, log: Path | None = None, timeout: float | None = None,
                  mem_bytes: int | None = None, env_extra: dict | None = None) -> RunResult:
         cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={self.root}"]
@@ -147,7 +117,9 @@ class Course:
                           env=subprocess_env(env_extra))
 
     def gradebook(self):
-        _ensure_alembic_on_path()
+        bindir = str(Path(sys.executable).parent)      # Gradebook runs `alembic` from PATH
+        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
         from nbgrader.api import Gradebook
         self.build.mkdir(parents=True, exist_ok=True)
         return Gradebook(self.db_url, "minillm")
@@ -160,10 +132,7 @@ class Course:
 
     def release(self, labs: list[str] | None = None, *, missing_only: bool = False,
                 log_dir: Path | None = None) -> list[str]:
-        """`nbgrader generate_assignment --force` for each lab (all by default): student version
-        in build/release/LAB, assignment and its cells registered in the gradebook. With
-        `missing_only`, labs whose release folder and gradebook entry exist are left alone (so
-        `make lab` never overwrites a student's work). Returns the labs released."""
+        """`nbgrader generate_assignment --force` for each lab; `missing_only`: unreleased ones."""
         labs = [self.check_lab(x) for x in labs] if labs else self.labs()
         if missing_only:
             registered = self.registered_labs()
@@ -188,11 +157,8 @@ class Course:
                   notebook_timeout: int | None = None, mem_bytes: int | None = None,
                   wall_timeout: float | None = None, sandbox: bool | None = None,
                   compile_cache: bool = False, log_dir: Path | None = None) -> GradeRecord:
-        """Grade one submission already in build/submitted: build its job, execute it in a
-        child process (kernel sandboxed unless `sandbox` is False; None = if this machine has
-        the sandbox), then record it with `nbgrader autograde` (see jobs.py). `compile_cache`:
-        give the kernel a copy of the lab's warm compile cache (autograder/compile_cache.py),
-        warming it first if this course has none yet: worth it when more submissions follow."""
+        """Build, execute and record the job of one submission in build/submitted (`sandbox`
+        None: if this machine has one; `compile_cache`: warm the lab's and give a copy)."""
         from . import jobs
         from .sandbox import sandbox_unavailable_reason
         if sandbox is None:
@@ -218,8 +184,7 @@ class Course:
         return int(m.group(1)) if m else 900
 
     def zero_submission(self, student: str, lab: str) -> None:
-        """Every autograded test of this submission scores zero (nbgrader did not finish, so
-        none of them can be trusted; stale scores of an earlier run are overwritten too)."""
+        """Every autograded test of this submission scores zero (stale scores too)."""
         from nbgrader.api import MissingEntry
         with self.gradebook() as gb:
             gb.update_or_create_student(student)
@@ -232,8 +197,7 @@ class Course:
             gb.db.commit()
 
     def scores(self, student: str, lab: str) -> list[CellScore]:
-        """Per graded cell: score (None = manual), max, whether autograded, and the errors shown
-        in the autograded notebook."""
+        """Per graded cell: score (None = manual), max, autograded or not, and its errors."""
         from nbgrader.api import MissingEntry
         out: list[CellScore] = []
         with self.gradebook() as gb:
@@ -273,18 +237,13 @@ class Course:
 
     def generate_feedback(self, lab: str, log_dir: Path | None = None,
                           hidden_tests: bool = False) -> RunResult:
-        """Feedback HTML per student; the hidden tests are left out unless `hidden_tests`."""
-        return self.nbgrader("generate_feedback", lab, "--force",
-                             log=(log_dir or self.build / "logs") / f"feedback_{lab}.log",
-                             timeout=600,
-                             env_extra={"AUTOGRADER_FEEDBACK_HIDDEN": "1"} if hidden_tests
-                             else None)
+        hidden = {"AUTOGRADER_FEEDBACK_HIDDEN": "1"} if hidden_tests else None
+        return self.nbgrader("generate_feedback", lab, "--force", timeout=600, env_extra=hidden,
+                             log=(log_dir or self.build / "logs") / f"feedback_{lab}.log")
 
 
 def lock_wait_seconds() -> float:
-    """How long Course.lock waits for another command: AUTOGRADER_LOCK_WAIT, else 600 s."""
-    text = os.environ.get(LOCK_WAIT_ENV, "").strip()
-    if not text:
+    if not (text := os.environ.get(LOCK_WAIT_ENV, "").strip()):
         return LOCK_WAIT_S
     try:
         value = float(text)
@@ -306,8 +265,7 @@ def _try_flock(fd: int) -> bool:
 
 
 def _lock_holder(path: Path) -> str:
-    """'another autograder command (pid N, `release 00_sampling`, since ...)', from the lock
-    file the holder wrote (just pid unknown if it has not written it yet)."""
+    """'another autograder command (pid N, `release 00_sampling`, since ...)'."""
     try:
         info = json.loads(path.read_text() or "{}")
         what = [f"pid {int(info['pid'])}", f"`{info['command']}`", f"since {info['since']}"]
@@ -328,13 +286,11 @@ def _is_autograded(gb, grade, notebook: str, lab: str, MissingEntry) -> bool:
 
 
 def _cell_errors(path: Path) -> dict[str, list[str]]:
-    """grade_id -> the error outputs (and stderr) of that cell in an autograded notebook."""
-    if not path.is_file():
-        return {}
+    """grade_id -> the error outputs (and stderr) of that cell."""
     import nbformat
     try:
         nb = nbformat.read(str(path), as_version=4)
-    except Exception:
+    except Exception:                   # none (or unreadable)
         return {}
     out: dict[str, list[str]] = {}
     for cell in nb.cells:
@@ -346,8 +302,7 @@ def _cell_errors(path: Path) -> dict[str, list[str]]:
             if o.get("output_type") == "error":
                 evalue = str(o.get("evalue", "")).strip()
                 msg = f"{o.get('ename')}: {evalue}" if evalue else str(o.get("ename"))
-                where = _failing_line(o.get("traceback", []))
-                if where and not evalue:                # a bare `assert ...` or a stub
+                if (where := _failing_line(o.get("traceback", []))) and not evalue:  # `assert`
                     msg += f" at: {where}"
                 msgs.append(msg)
             elif o.get("output_type") == "stream" and o.get("name") == "stderr":
@@ -369,8 +324,7 @@ def _failing_line(traceback: list[str]) -> str | None:
         if "Cell In[" not in frame and "<ipython-input" not in frame:
             continue
         for line in frame.splitlines():
-            m = re.match(r"^-*>\s*\d+\s(.*)$", line)
-            if m:
+            if m := re.match(r"^-*>\s*\d+\s(.*)$", line):
                 return m.group(1).strip()
         return None
     return None

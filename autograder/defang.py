@@ -1,18 +1,6 @@
-"""No active content from a submission reaches a grader's browser: an nbgrader preprocessor.
-
-Written answers are graded by hand in formgrader, a page of the instructor's Jupyter server that
-renders each autograded notebook: its markdown cells and its outputs. Both come from the student.
-Raw HTML in a markdown answer (`<script>`, `<img onerror=...>`), or an output with an HTML,
-JavaScript, SVG or markdown representation (`display(HTML(...))`), would run in the instructor's
-Jupyter origin, which can call the server's API (grades, files, terminals). So before the
-autograded notebook is written (Autograde.autograde_preprocessors, see nbgrader_config.py):
-
-  * every unlocked markdown cell (the student's own text) has `<` written as `&lt;`: it still
-    reads the same (`a < b` renders as a < b), but it is no tag;
-  * every output keeps only inert representations: text/plain, image/png, image/jpeg (an output
-    with none of them keeps a note saying what was dropped).
-
-The student's feedback is generated from the same notebook, so it is inert too.
+"""An nbgrader preprocessor: no active content from a submission reaches a grader's browser
+(formgrader renders it in the instructor's Jupyter origin). Unlocked markdown gets `<` escaped;
+outputs keep only text/plain, PNG and JPEG.
 """
 from __future__ import annotations
 

@@ -1,66 +1,15 @@
-"""Fan grading jobs out: in this process, on a local thread pool, or on a Dask cluster.
+"""Run grading jobs here, on a local thread pool, or on a Dask cluster (`run_jobs`). Every job
+gets one result, in order: `fn`'s dict or {"error": "<one line>"}. A job past `timeout` is
+abandoned, not killed (`fn` limits its own subprocess; this is a backstop).
 
-Batch grading is split in two. The *coordinator* (trusted; the only thing that reads or writes
-the nbgrader gradebook) builds one *job* per submission: a JSON-serialisable dict holding the
-student's notebook, the lab's *released* asset files ({relative path: base64}) and the limits.
-An *executor* `fn(job) -> dict` (`autograder.jobs.execute_job`) executes the notebook in a
-sandboxed subprocess and returns the executed notebook and a report. `run_jobs` only decides
-where each `fn(job)` call runs and brings the results back, in the order of `jobs`:
-
-* ``run_jobs(fn, jobs)``: one after the other, in this process;
-* ``run_jobs(fn, jobs, workers=N)``: at most N at a time on threads of this process (each `fn`
-  call spawns its own subprocess, so threads are enough);
-* ``run_jobs(fn, jobs, scheduler="tcp://HOST:PORT")``: on the workers of an existing Dask
-  distributed cluster, as many at a time as the workers have threads.
-
-What a worker receives is the pickled `fn` and one job, nothing else: never the gradebook, the
-course directory or the instructor's source notebooks (solutions and hidden tests stay with the
-coordinator; the job carries only what the coordinator put in it). `fn` is pickled by reference
-when it is a module-level function, so its module (the `autograder` package, with its own
-dependencies) must be importable on every worker: install this package in the workers'
-environment. What comes back is `fn`'s dict, untouched, or ``{"error": "<one line>"}`` when `fn`
-raised, returned something other than a dict, ran past `timeout`, its worker died, or the job
-was cancelled (e.g. the scheduler went away). A failing job never stops the batch and every job
-gets exactly one result. Only a scheduler that cannot be reached at all raises (``OSError``),
-before any job has run.
-
-One line per finished job goes to `log`: ``[i/n] student/lab done on worker W in S s`` (or
-``failed on worker W after S s: <error>``); i counts finished jobs, S is the time `fn` ran.
-
-Timeouts (`timeout`, seconds, counted from when the job starts running, not while it queues):
-a thread or a Dask task cannot be killed from outside, so a job past its timeout gets an error
-result and is abandoned: the local thread is a daemon that keeps running until `fn` returns (it
-does not hold up the batch or the interpreter's exit), the Dask task is cancelled but keeps its
-worker thread busy until `fn` returns (a job the scheduler had already queued on that worker
-waits for it). `fn` is expected to enforce its own limits on the subprocess it starts; this is a
-backstop. Without `timeout`, `workers=1` is a plain loop.
-
-Dask failure handling (checked against distributed 2026.8):
-
-* ``retries=0`` only concerns exceptions raised by the task; here `fn`'s exceptions are caught on
-  the worker anyway and come back as an error result.
-* A worker that dies mid-job is a different mechanism: the *scheduler* re-runs the task on
-  another worker up to ``distributed.scheduler.allowed-failures`` times (default 3) and only then
-  fails it with ``KilledWorker``. That setting is read when the scheduler starts, in the
-  scheduler's process: setting it with ``dask.config.set`` on the client side has no effect on
-  an existing cluster. Start the scheduler with ``DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0``
-  (or ``allowed-failures: 0`` in its dask config) if a job whose worker dies should fail at once
-  rather than be retried; with the default, a submission that manages to kill its worker can
-  take up to 4 workers down (a nanny restarts each one). `run_jobs` logs the scheduler's value.
-* The scheduler fails (or, with allowed-failures > 0, counts a failure against) every task
-  *assigned* to the dead worker, including those only queued there behind the one that was
-  running (a 1-thread worker is sent up to 2 tasks). So each job announces its start to the
-  client (a synchronous ``log_event`` through the worker's client, before `fn` runs); a job that
-  gets ``KilledWorker`` without having started is submitted again (at most twice), and only the
-  job that was running gets the error.
-* A lost scheduler connection cancels every unfinished job: each gets an error result at once.
-* Results are gathered and released as each job finishes, so the executed notebooks do not pile
-  up in the workers' memory.
-
-dask/distributed are imported only on the scheduler path: ``pip install "minillm[grade]"``.
+Dask (distributed 2026.8): a dead worker's task is re-run by the *scheduler* up to its
+allowed-failures (default 3; DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0 where it starts),
+and the tasks only *queued* on it fail too (KilledWorker). So each job announces its start
+(a synchronous log_event), and one that failed unstarted is submitted again.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -70,21 +19,17 @@ import traceback
 import uuid
 from typing import Any, Callable
 
-Job = dict
-Result = dict
-
+Job = Result = dict
 __all__ = ["run_jobs"]
 
-_MAX_ERROR = 500
 
-
-def _one_line(text: str, limit: int = _MAX_ERROR) -> str:
+def _one_line(text: str, limit: int = 500) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _describe(exc: BaseException, at: bool = True) -> str:
-    """`ValueError: boom (at jobs.py:42)`: the exception and the innermost frame, one line."""
+    """`ValueError: boom (at jobs.py:42)`."""
     where = ""
     tb = traceback.extract_tb(exc.__traceback__) if at else None
     if tb:
@@ -117,8 +62,7 @@ def _label(job: Any, i: int) -> str:
 
 
 class _Results:
-    """One slot per job, filled once (a late second answer for a job is dropped), one log line
-    per filled slot."""
+    """One slot per job, filled once (a late second answer is dropped); logs each."""
 
     def __init__(self, jobs: list[Job], log: Callable[[str], Any]):
         self.jobs, self.log = jobs, log
@@ -132,9 +76,9 @@ class _Results:
     def is_set(self, i: int) -> bool:
         return self.slots[i] is not None
 
-    def set(self, i: int, result: Result, where: str, seconds: float | None) -> bool:
+    def set(self, i: int, result: Result, where: str, seconds: float | None) -> None:
         if self.slots[i] is not None:
-            return False
+            return
         self.slots[i] = result
         self.count += 1
         head = f"[{self.count}/{len(self.jobs)}] {_label(self.jobs[i], i)}"
@@ -144,15 +88,12 @@ class _Results:
                      f"{_one_line(result['error'], 200)}")
         else:
             self.log(f"{head} done on worker {where} in {secs} s")
-        return True
 
 
 def _drain(res: _Results, events: queue.SimpleQueue, timeout: float | None,
            on_done: Callable[[int, Any], None], on_expired: Callable[[int], None],
            on_settled: Callable[[], None] = lambda: None) -> None:
-    """Consume ("start", i, where) and ("done", i, payload) events until every slot is set;
-    a job running past `timeout` gets an error result and `on_expired(i)`; `on_settled()` runs
-    after each slot filled (to start the next local job)."""
+    """Consume ("start"|"done", i, payload) events until every slot is set, expiring jobs."""
     started: dict[int, tuple[float, str]] = {}
     while not res.complete:
         wait = None
@@ -185,16 +126,8 @@ def _drain(res: _Results, events: queue.SimpleQueue, timeout: float | None,
             on_settled()
 
 
-def _run_loop(fn, jobs: list[Job], res: _Results) -> None:
-    for i, job in enumerate(jobs):
-        out, secs = _call(fn, job)
-        res.set(i, out, "local", secs)
-
-
 def _run_threads(fn, jobs: list[Job], workers: int, timeout: float | None, res: _Results) -> None:
-    # Plain daemon threads rather than a concurrent.futures pool: a pool's threads are joined at
-    # interpreter exit and a timed-out job would keep its slot, so one hung `fn` could stall the
-    # batch or the exit. Here an abandoned job's thread no longer counts against `workers`.
+    # daemon threads, not a pool: a pool joins at exit and a hung `fn` would keep its slot
     events: queue.SimpleQueue = queue.SimpleQueue()
     active: set[int] = set()
     next_job = 0
@@ -218,38 +151,28 @@ def _run_threads(fn, jobs: list[Job], workers: int, timeout: float | None, res: 
             active.add(next_job)
             next_job += 1
 
-    def on_done(i: int, payload) -> None:
-        out, secs = payload
-        res.set(i, out, "local", secs)
-
     start_more()
-    _drain(res, events, timeout, on_done, on_expired=lambda i: None, on_settled=start_more)
+    _drain(res, events, timeout, lambda i, done: res.set(i, done[0], "local", done[1]),
+           on_expired=lambda i: None, on_settled=start_more)
 
 
 def _run_on_worker(fn, job: Job, topic: str, index: int, attempt: int) -> dict:
-    """Runs on a Dask worker: announce the start (for the timeout and the re-queueing), run fn."""
+    """On a Dask worker: announce the start (timeout, re-queueing), then run fn."""
     from distributed import get_client, get_worker
 
     worker = get_worker()
     where = str(worker.name if worker.name is not None else worker.address)
     msg = {"index": index, "attempt": attempt, "worker": where}
-    try:
-        # A round trip: the scheduler has passed the event on before fn starts, so a job that
-        # kills its worker at once is still known to have started (worker.log_event is batched
-        # and would die unsent with the worker).
+    try:  # a round trip: worker.log_event is batched and would die unsent with the worker
         get_client().log_event(topic, msg)
     except Exception:
-        try:
+        with contextlib.suppress(Exception):  # else the job just looks never started
             worker.log_event(topic, msg)
-        except Exception:  # the job then just looks never started (no timeout, may be re-queued)
-            pass
     out, secs = _call(fn, job)
     return {"result": out, "worker": where, "seconds": secs}
 
 
-# A job whose worker died before the job started (it was only queued there) is submitted again,
-# at most this many times; a job that had started when its worker died gets an error result.
-_MAX_REQUEUES = 2
+_MAX_REQUEUES = 2        # resubmissions of a job whose worker died before it started
 
 
 def _run_dask(fn, jobs: list[Job], scheduler: str, timeout: float | None, res: _Results,
@@ -263,7 +186,7 @@ def _run_dask(fn, jobs: list[Job], scheduler: str, timeout: float | None, res: _
     events: queue.SimpleQueue = queue.SimpleQueue()
     attempt = [0] * len(jobs)
     futures: list = [None] * len(jobs)
-    started: dict[tuple[int, int], float] = {}  # (job, attempt) announced by its worker -> when
+    started: dict[tuple[int, int], float] = {}  # (job, attempt) -> when it started
 
     def on_start(event) -> None:  # on the client's event-loop thread
         msg = event[1]
@@ -273,15 +196,13 @@ def _run_dask(fn, jobs: list[Job], scheduler: str, timeout: float | None, res: _
             events.put(("start", i, str(msg["worker"])))
 
     with Client(scheduler, set_as_default=False) as client:
-        try:
+        with contextlib.suppress(Exception):
             allowed = client.run_on_scheduler(
                 lambda dask_scheduler: dask_scheduler.allowed_failures)
             if allowed:
                 log(f"note: the scheduler re-runs a job whose worker dies on up to {allowed} more "
                     f"worker(s) before failing it (distributed.scheduler.allowed-failures="
                     f"{allowed}, set where the scheduler starts)")
-        except Exception:
-            pass
         if not client.scheduler_info().get("workers"):
             log(f"note: {scheduler} has no workers yet; jobs wait until one connects")
         client.subscribe_topic(topic, on_start)
@@ -302,7 +223,6 @@ def _run_dask(fn, jobs: list[Job], scheduler: str, timeout: float | None, res: _
                 last = getattr(e, "last_worker", None)
                 where = str(getattr(last, "name", None) or getattr(last, "address", "?"))
                 if (i, attempt[i]) not in started and attempt[i] < _MAX_REQUEUES:
-                    # distributed fails every task *assigned* to a dead worker, queued ones too
                     attempt[i] += 1
                     log(f"note: {_label(jobs[i], i)} was queued on worker {where} when it died; "
                         f"submitted again")
@@ -328,32 +248,22 @@ def _run_dask(fn, jobs: list[Job], scheduler: str, timeout: float | None, res: _
                 fut.release()  # the executed notebook need not stay in the worker's memory
 
         def on_expired(i: int) -> None:
-            try:
+            with contextlib.suppress(Exception):
                 client.cancel([futures[i]])
-            except Exception:
-                pass
 
         for i in range(len(jobs)):
             submit(i)
         try:
             _drain(res, events, timeout, on_done, on_expired)
         finally:
-            try:
+            with contextlib.suppress(Exception):
                 client.unsubscribe_topic(topic)
-            except Exception:
-                pass
 
 
 def run_jobs(fn: Callable[[Job], Result], jobs: list[Job], *, workers: int = 1,
              scheduler: str | None = None, log: Callable[[str], Any] = print,
              timeout: float | None = None) -> list[Result]:
-    """Run ``fn(job)`` for every job; return the results in the order of `jobs`.
-
-    scheduler: ``"tcp://HOST:PORT"`` of an existing Dask distributed scheduler (then `workers`
-    is ignored: the cluster's threads decide); None runs here, `workers` at a time (threads).
-    timeout: seconds a job may run (from its start) before it gets an error result.
-    Every job gets a result; failures are ``{"error": "<one line>"}`` (see the module docstring).
-    """
+    """``fn(job)`` for every job, in order: on the Dask `scheduler`, else `workers` at a time."""
     jobs = list(jobs)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -365,7 +275,9 @@ def run_jobs(fn: Callable[[Job], Result], jobs: list[Job], *, workers: int = 1,
     if scheduler:
         _run_dask(fn, jobs, scheduler, timeout, res, log)
     elif workers == 1 and timeout is None:
-        _run_loop(fn, jobs, res)
+        for i, job in enumerate(jobs):
+            out, secs = _call(fn, job)
+            res.set(i, out, "local", secs)
     else:
         _run_threads(fn, jobs, workers, timeout, res)
     assert res.complete
@@ -373,15 +285,7 @@ def run_jobs(fn: Callable[[Job], Result], jobs: list[Job], *, workers: int = 1,
 
 
 def _echo_job(job: Job) -> Result:
-    """Self-test executor for `run_jobs` (the tests; smoke-testing a cluster):
-    ``python -c "from autograder.distribute import run_jobs, _echo_job as f;
-    print(run_jobs(f, [{'payload': 'hi'}], scheduler='tcp://HOST:8786'))"``.
-
-    job keys (all optional): payload (str), sleep (s), pidfile (path: this process's pid is
-    written there before sleeping), raise (message: raise RuntimeError), exit (code: os._exit,
-    which kills the process running it: never use it locally).
-    Returns {"echo": <deterministic transform of payload>, "pid", "host", "start", "end"}.
-    """
+    """Self-test executor (the tests, smoke-testing a cluster); "exit" is os._exit."""
     start = time.time()
     if job.get("pidfile"):
         tmp = f"{job['pidfile']}.tmp"

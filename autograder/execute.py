@@ -1,45 +1,8 @@
-"""Notebook executors: `GuardedExecute` runs a submission, `ReplayExecute` hands its outputs to
-nbgrader.
-
-`python -m autograder grade` runs each submission as a job (autograder/jobs.py): the job's process
-executes the notebook with `GuardedExecute`, its kernel inside the sandbox, and returns the
-executed notebook; the trusted grader then runs `nbgrader autograde` with `ReplayExecute` in
-place of execution (nbgrader_config.py picks it when AUTOGRADER_REPLAY is set), so nbgrader
-itself scores the outputs and writes the gradebook, and no student code ever runs in a process
-that can reach the gradebook.
-
-`GuardedExecute` is nbgrader's `Execute` preprocessor with these changes for untrusted
-submissions:
-
-* a per-notebook deadline (`GuardedExecute.notebook_timeout`) on top of nbgrader's per-cell
-  `Execute.timeout`; cells that would start after it are not run and get a `NotebookTimeout`
-  error output, so their tests score zero;
-* a kernel that dies (os._exit, a segfault, the memory limit) or that stays busy after a timed
-  out cell was interrupted no longer aborts the whole submission: the cell that was running and
-  every later code cell get a `KernelDied` / `KernelUnresponsive` error output, so what ran before keeps its points and the rest scores zero (nbgrader counts a test
-  cell without an error output as passed, so unexecuted cells must never be left blank);
-* a kernel that sends a message the client cannot decode (not JSON, or an int of more digits than
-  Python converts, which a kernel can send after `sys.set_int_max_str_digits(0)`) is treated like
-  one that died: `KernelUnreadable` on the running cell and every later one, instead of an
-  exception that ended the job and lost the cells that had passed;
-* before the first cell, the kernel's output channel is told to wait for a slow grader
-  instead of dropping messages (autograder/kernel_output.py), and the kernel waits up to
-  `iopub_timeout` (30 s, not nbclient's 4) after a cell for the rest of that cell's output;
-  output still missing then is named as such (`OutputLate`), not as an unresponsive kernel
-  (after a cell that ran out of time and was interrupted it waits 4 s, and a kernel still busy
-  then is `KernelUnresponsive`, as before);
-* before the first cell, the kernel runs `KERNEL_PRELUDE` and `setup_code` (no dropped
-  output, fixed malloc thresholds, torch's thread count in the sandbox);
-* with a `tester` (autograder/tester.py), the cells named in `tester_cells` are sent to it as
-  they run in the kernel, and its answers are kept in `tester_answers`;
-* `sandbox` (an autograder.sandbox.SandboxSpec) starts the kernel inside the sandbox.
-
-After a run, `last_report` holds {"notebook", "seconds", "cells", "cell_timeouts",
-"notebook_timeout", "kernel_died", "unresponsive", "unreadable"} (the last three: index of the
-cell, or null).
-
-This module imports only nbgrader/nbclient (not torch): nbgrader_config.py loads it by path
-without importing the `autograder` package, to keep `nbgrader` start-up fast.
+"""`GuardedExecute` runs a submission in a job (autograder/jobs.py): nbgrader's Execute plus a
+per-notebook deadline, set-up code, the tester fed `tester_cells`, and a kernel that dies, ignores
+an interrupt or sends what cannot be decoded (an int past Python's digit limit) giving that cell
+and every later one an error output (nbgrader passes a test without one). `ReplayExecute` hands
+the outputs to `nbgrader autograde` (AUTOGRADER_REPLAY). Imports no torch (nbgrader_config.py).
 """
 from __future__ import annotations
 
@@ -54,23 +17,19 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Any, Dict, Integer, Unicode
 
-# run in every graded kernel before the first cell: no dropped output, fixed malloc thresholds
 KERNEL_PRELUDE = ("import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko\n"
                   "import autograder.steady_malloc as _sm\n_sm.steady()\ndel _sm")
-IOPUB_TIMEOUT_MESSAGE = "Timeout waiting for IOPub output"     # nbclient's, raised on a late one
+IOPUB_TIMEOUT_MESSAGE = "Timeout waiting for IOPub output"     # nbclient's
 INTERRUPTED_OUTPUT_S = 4     # an interrupted kernel that does not go idle by then is unresponsive
 
 
 class UnreadableMessage(ValueError):
-    """The kernel sent a message the client could not decode (a ValueError, as a failed
-    decode is, for any caller that handles one)."""
+    """The kernel sent a message the client could not decode."""
 
 
 def _refuse_unreadable(session) -> None:
-    """Make `session` (the kernel client's) raise UnreadableMessage for any message it cannot
-    decode: json, an oversized int, a malformed header fail in `deserialize`; frames that are not
-    a Jupyter message at all (bytes a kernel wrote into its own ZeroMQ socket) in
-    `feed_identities`."""
+    """Make `session` raise UnreadableMessage for what `deserialize` or `feed_identities`
+    (frames that are no Jupyter message) cannot decode."""
     for name in ("deserialize", "feed_identities"):
         def refusing(*args, _decode=getattr(session, name), **kwargs):
             try:
@@ -86,8 +45,7 @@ def _error_output(ename: str, evalue: str) -> NotebookNode:
 
 
 class GuardedExecute(Execute):
-    # kill the kernel when the notebook is done: a polite shutdown request blocks on a kernel
-    # that broke its own ZeroMQ sockets (tests/attacks_kernel.py, asks_the_tester)
+    # killed, not asked: a shutdown request blocks on a kernel that broke its own sockets
     shutdown_kernel = "immediate"
     notebook_timeout = Integer(
         900, help="Seconds the whole notebook may run (0 = no limit); cells that would start "
@@ -100,8 +58,7 @@ class GuardedExecute(Execute):
     sandbox = Any(None, help="autograder.sandbox.SandboxSpec: run the kernel in this sandbox")
     tester = Any(None, help="autograder.tester.TesterProcess: runs the hidden tests apart")
     tester_cells = Dict({}, help="stub source -> the tester's command for that cell")
-    tester_answer_s = Integer(60, help="seconds to wait for a test's answer from the tester "
-                                       "after the kernel's cell has ended")
+    tester_answer_s = Integer(60, help="seconds to wait for a test's answer after its cell")
     tester_answers = Dict({}, help="stub source -> the tester's answer (set by the run)")
     iopub_timeout = Integer(
         30, help="Seconds to wait, after a cell's reply, for the rest of its output (nbclient's "
@@ -128,8 +85,7 @@ class GuardedExecute(Execute):
         return await super()._async_handle_timeout(timeout, cell)
 
     def _get_timeout(self, cell):
-        timeout = super()._get_timeout(cell)
-        remaining = self._remaining()
+        timeout, remaining = super()._get_timeout(cell), self._remaining()
         if remaining == math.inf:
             return timeout
         remaining = max(1, math.ceil(remaining))
@@ -143,16 +99,14 @@ class GuardedExecute(Execute):
         cell_timeout = self.timeout
         code = f"{KERNEL_PRELUDE}\n{self.setup_code}"
         try:
-            # imports torch and the course on a possibly busy machine: the kernel's start-up
-            # allowance, not one cell's
+            # imports torch and the course: the kernel's start-up allowance, not one cell's
             self.timeout = max(cell_timeout or 0, self.startup_timeout or 0) or None
             msg_id = self.kc.execute(code, silent=True, store_history=False)
             reply = self.wait_for_reply(msg_id)
             if reply is None or reply["content"].get("status") != "ok":
                 content = (reply or {}).get("content", {})
                 self.setup_error = f"{content.get('ename')}: {content.get('evalue')}"
-                self.log.warning("autograder setup code failed in the kernel: %s",
-                                 self.setup_error)
+                self.log.warning("autograder setup code failed in the kernel: %s", self.setup_error)
         except Exception as e:          # never let the setup stop grading
             self.setup_error = repr(e)
             self.log.warning("autograder setup code could not run: %r", e)
@@ -160,8 +114,7 @@ class GuardedExecute(Execute):
             self.timeout = cell_timeout
 
     def preprocess(self, nb, resources=None, km=None):
-        # Same as nbconvert's ExecutePreprocessor.preprocess, plus the deadline, the set-up code
-        # and the dead-kernel handling.
+        # nbconvert's ExecutePreprocessor.preprocess plus the deadline, set-up and dead kernels
         NotebookClient.__init__(self, nb, km)
         self.reset_execution_trackers()
         self._check_assign_resources(resources)
@@ -206,9 +159,6 @@ class GuardedExecute(Execute):
                            for o in cell.get("outputs", [])):
                         report["cell_timeouts"].append(index)
         except (DeadKernelError, CellTimeoutError, UnreadableMessage) as e:
-            # DeadKernelError: the kernel process is gone. CellTimeoutError: a cell ran past its
-            # timeout and the kernel ignored the interrupt (it never went idle again).
-            # UnreadableMessage: what the kernel says can no longer be trusted to be read.
             if isinstance(e, DeadKernelError):
                 key, ename, why = "kernel_died", "KernelDied", (
                     "the kernel died while running cell {i} (a crash, os._exit, or the memory "
@@ -235,20 +185,14 @@ class GuardedExecute(Execute):
                     cell.outputs = outputs
         self.iopub_timeout = late_output_s
         report["seconds"] = round(monotonic() - t0, 3)
-        self._write_report(report)
-        return self.nb, self.resources
-
-    def _write_report(self, report: dict) -> None:
         self.set_widgets_metadata()
         self.log.info("autograder execution report: %s", json.dumps(report))
         self.last_report = report
+        return self.nb, self.resources
 
 
 class ReplayExecute(Execute):
-    """Execution by replay: the outputs of each code cell are copied from the notebook a job
-    executed (AUTOGRADER_REPLAY/<student>/<assignment>/<notebook>.ipynb), after checking that
-    the code cells are the same, in the same order. Anything missing or different scores zero:
-    every code cell then gets an error output saying why."""
+    """Outputs copied from AUTOGRADER_REPLAY/<student>/<lab>/<nb>.ipynb if its code matches."""
 
     def preprocess(self, nb, resources=None, km=None):
         info = (resources or {}).get("nbgrader", {})

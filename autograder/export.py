@@ -1,18 +1,6 @@
-"""build/grades.csv with automatic and written (hand-graded) points apart: `nbgrader export`'s
-plugin for this course (ExportApp.plugin_class in nbgrader_config.py).
-
-nbgrader's own CSV has one score per submission, so a lab whose written answers are not graded
-yet looks like a low mark. This plugin writes nbgrader's columns, then
-
-    auto_score, auto_max_score          code cells: the tests, scored by the autograder
-    written_score, written_max_score    markdown answer cells, scored by hand in formgrader
-    to_grade_by_hand                    written answers with a response and no score yet
-    similarity, similar_to              where `grade --similarity` ran: the largest share of the
-                                        answers found in one other source, and which
-                                        (autograder/similarity.py; never part of the score)
-
-A student who did not submit gets zeros and nothing to grade. Loaded by path (nbgrader_config.py's
-`_load`), so it imports nbgrader only, not the `autograder` package (and torch) with it.
+"""build/grades.csv with automatic and written points apart: `nbgrader export`'s plugin
+(ExportApp.plugin_class in nbgrader_config.py; columns in autograder/README.md, "Instructors").
+Loaded by path: imports nbgrader only, not torch.
 """
 from __future__ import annotations
 
@@ -30,8 +18,7 @@ COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "fir
 
 
 def waiting_for_a_grader(grade) -> bool:
-    """A written answer nbgrader could not score (a response was given) that no grader has
-    scored yet."""
+    """A written answer with a response that no grader has scored yet."""
     return grade.cell.cell_type == "markdown" and grade.auto_score is None \
         and grade.manual_score is None
 
@@ -52,8 +39,6 @@ def split_scores(submission) -> dict:
 
 
 class SplitScoreCsv(CsvExportPlugin):
-    """nbgrader's CSV plus automatic and written points apart (see the module docstring)."""
-
     def export(self, gradebook) -> None:
         students = {str(s) for s in self.student}
         assignments = {str(a) for a in self.assignment}
@@ -78,15 +63,13 @@ class SplitScoreCsv(CsvExportPlugin):
                     except MissingEntry:
                         row.update(timestamp="", raw_score=0.0, late_submission_penalty=0.0,
                                    score=0.0, auto_score=0.0, written_score=0.0,
-                                   to_grade_by_hand=0)
-                        row["auto_max_score"] = assignment.max_code_score
-                        row["written_max_score"] = assignment.max_written_score
+                                   to_grade_by_hand=0, auto_max_score=assignment.max_code_score,
+                                   written_max_score=assignment.max_written_score)
                     else:
                         penalty = sub.late_submission_penalty or 0.0
                         row.update(timestamp=sub.timestamp or "", raw_score=sub.score,
                                    late_submission_penalty=penalty,
                                    score=max(0.0, sub.score - penalty), **split_scores(sub))
-                    match = matches.get(assignment.name, {}).get(student.id)
-                    if match:
+                    if match := matches.get(assignment.name, {}).get(student.id):
                         row.update(similarity=match["score"], similar_to=match["with"])
                     out.writerow(row)

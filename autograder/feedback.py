@@ -1,15 +1,6 @@
-"""Feedback without hidden tests: an nbgrader preprocessor for `generate_feedback`.
-
-nbgrader's feedback is the autograded notebook rendered to HTML, and the autograded notebook
-holds every test cell whole, hidden part included, so out of the box each student's feedback
-shows the hidden tests. `HideHiddenTests` (in GenerateFeedback.preprocessors, see
-nbgrader_config.py) replaces each hidden region by one comment line, and removes any line of
-hidden test code that an output repeats (a student can print `In`, or raise an exception whose
-message is a test's source). Each graded cell keeps its visible part, its score and its failure
-message. `grade --feedback-with-hidden-tests` (AUTOGRADER_FEEDBACK_HIDDEN=1) leaves them in.
-
-Not guaranteed: a student who encodes the hidden code (base64, reversed, ...) in their own
-outputs can still read that encoding in their own feedback.
+"""An nbgrader preprocessor for `generate_feedback`: each hidden region becomes one comment line
+and hidden lines an output repeats are redacted (AUTOGRADER_FEEDBACK_HIDDEN=1 keeps them).
+An encoded copy in the student's own outputs still shows.
 """
 from __future__ import annotations
 
@@ -24,17 +15,12 @@ MIN_LINE = 12          # shorter lines ("else:", "pass") are not worth hiding an
 
 
 def strip_hidden(source: str) -> str:
-    lines = source.splitlines()
-    hidden = hidden_lines(source)
-    out, placed = [], False
-    for i, line in enumerate(lines, 1):
-        if i in hidden:
-            if not placed:
-                out.append(PLACEHOLDER)
-                placed = True
-            continue
-        placed = False
-        out.append(line)
+    hidden, out = hidden_lines(source), []
+    for i, line in enumerate(source.splitlines(), 1):
+        if i not in hidden:
+            out.append(line)
+        elif i - 1 not in hidden:           # one placeholder per hidden region
+            out.append(PLACEHOLDER)
     return "\n".join(out)
 
 
@@ -54,8 +40,7 @@ def secret_lines(nb) -> list[str]:
 
 def redact(text: str, secrets: list[str]) -> str:
     for s in secrets:
-        if s in text:
-            text = text.replace(s, REDACTED)
+        text = text.replace(s, REDACTED)
     return text
 
 

@@ -1,30 +1,5 @@
-"""Batch grading: `python -m autograder grade DIR`.
-
-DIR holds one folder per student, one folder per lab inside it, the notebook inside that:
-
-    DIR/<student_id>/<lab>/<lab>.ipynb        e.g. submissions/alice/00_sampling/00_sampling.ipynb
-
-(the layout nbgrader's own build/submitted uses; a `timestamp.txt` beside the notebook, if any, is
-used for late penalties). Each submission is copied into build/submitted and the student is
-registered; then, per submission (autograder/jobs.py):
-
-1. the grader builds a job: the notebook with its locked cells restored from the gradebook, the
-   lab's released assets, its tester plan and withheld references, the limits, and a copy of
-   the lab's compile cache, which the grader warms once with the course's own commands
-   (autograder/compile_cache.py; lab 05);
-2. the jobs are executed, `--jobs N` at a time on this machine (each on CPUs of its own:
-   autograder/cores.py) or on the workers of a Dask cluster (`--scheduler tcp://HOST:PORT`),
-   each in a limited child process whose kernel runs in a sandbox (autograder/sandbox.py) that
-   sees the course with the lab's references withheld (autograder/withheld.py), the tests in
-   the tester beside it (autograder/tester.py);
-3. the grader alone records each result with `nbgrader autograde` (replaying the executed
-   notebook) into the gradebook, one submission at a time, in the order found.
-
-A crashing or hanging notebook is graded (zero for what did not run) and the batch goes on.
-`--similarity` then compares the answers (autograder/similarity.py): it flags, and changes no
-score. Then build/grades.csv (`nbgrader export`) and one feedback HTML
-per student and lab (`nbgrader generate_feedback` -> build/feedback/<student>/<lab>/<lab>.html),
-which shows no hidden test.
+"""Batch grading, `python -m autograder grade DIR` (DIR/<student>/<lab>/<lab>.ipynb), and
+`report` (autograder/README.md, "Instructors").
 """
 from __future__ import annotations
 
@@ -79,8 +54,7 @@ def _fix_notebook_name(course: Course, lab: str, dest: Path, log=print) -> None:
 
 
 def resolve_mem_bytes(mem_gb: float | None, log=print) -> int | None:
-    """The kernel memory bound in bytes (None = no bound): default half the RAM in [2, 8] GiB;
-    0 turns it off; dropped with a warning when torch cannot start under it."""
+    """The kernel memory bound in bytes, None for none (0, or torch cannot start under it)."""
     if mem_gb is not None and mem_gb <= 0:
         return None
     mem = int(mem_gb * (1 << 30)) if mem_gb else default_mem_bytes()
@@ -98,28 +72,21 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
                       feedback_hidden_tests: bool = False, compile_cache: bool = True,
                       similarity: bool = False, similarity_archive: Path | None = None,
                       log=print) -> list[GradeRecord]:
-    """Grade every DIR/<student>/<lab>/ submission (see the module docstring). `sandbox=False`
-    runs the kernels without the sandbox (a warning is printed); with `sandbox=True` this
-    raises RuntimeError when the machine has no working sandbox."""
+    """Grade every DIR/<student>/<lab>/ submission; RuntimeError if `sandbox` and none here."""
     from .sandbox import sandbox_unavailable_reason
-    if sandbox:
-        why = sandbox_unavailable_reason()
-        if why and scheduler is None:
-            raise RuntimeError(f"no sandbox for student code on this machine: {why}. Install "
-                               "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or "
-                               "pass --no-sandbox to grade without it (not safe: see "
-                               "autograder/README.md)")
-    else:
+    if sandbox and (why := sandbox_unavailable_reason()) and scheduler is None:
+        raise RuntimeError(f"no sandbox for student code on this machine: {why}. Install "
+                           "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or pass "
+                           "--no-sandbox to grade without it (not safe: see autograder/README.md)")
+    if not sandbox:
         log("WARNING: grading without the sandbox: student code runs as you, can read the "
             "gradebook and the hidden tests, and can leave processes behind")
     subdir = Path(subdir).resolve()
-    subs = find_submissions(course, subdir, log)
-    if not subs:
+    if not (subs := find_submissions(course, subdir, log)):
         log(f"no submissions found in {subdir} (expected {subdir}/<student>/<lab>/<lab>.ipynb)")
         return []
     labs = sorted({lab for _, lab, _ in subs})
-    released = course.release(labs, missing_only=True)
-    if released:
+    if released := course.release(labs, missing_only=True):
         log(f"released (was missing): {', '.join(released)}")
     mem = resolve_mem_bytes(mem_gb, log)
     same_place = subdir == (course.build / "submitted").resolve()
@@ -137,9 +104,9 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
     jobs = [_jobs.build_job(course, student, lab, cell_timeout=cell_timeout,
                             notebook_timeout=notebook_timeout, mem_bytes=mem, sandbox=sandbox)
             for student, lab, _ in subs]
-    running = min(workers, len(jobs))       # at most one job per submission runs at once
+    running = min(workers, len(jobs))
     threads = {} if scheduler else share_of_cores(running)
-    if compile_cache:                   # built by the grader, a copy for each kernel
+    if compile_cache:
         caches = {lab: warm_compile_cache(course, lab, log, threads) for lab in labs}
         for job in jobs:
             if caches[job["lab"]] and not job.get("rejected"):
@@ -182,8 +149,7 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
         from .similarity import compare
         compare(course, labs, similarity_archive, log)
     if csv:
-        path = course.export_csv()
-        log(f"grades: {path}")
+        log(f"grades: {course.export_csv()}")
     if feedback:
         for lab in labs:
             r = course.generate_feedback(lab, hidden_tests=feedback_hidden_tests)
@@ -197,9 +163,7 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
 
 
 def format_table(records: list[GradeRecord], course: Course | None = None) -> str:
-    """One row per submission: automatic points (the tests), written points (graded by hand),
-    how many written answers still wait for a grader, and, where `grade --similarity` ran, the
-    closest match of the answers (autograder/similarity.py)."""
+    """One row per submission: auto and written points, answers to grade, closest match."""
     from .similarity import load
     matches = load(course) if course is not None else {}
     rows = [("student", "lab", "auto", "written", "max", "to grade", "status", "seconds",
@@ -229,8 +193,7 @@ def format_table(records: list[GradeRecord], course: Course | None = None) -> st
 
 def report(course: Course, labs: list[str] | None = None, *, hidden_tests: bool = False,
            log=print) -> None:
-    """build/grades.csv and the feedback HTML from the gradebook as it is now (after the written
-    answers were graded by hand in formgrader), and the table of every graded submission."""
+    """build/grades.csv, the feedback and the table again from the gradebook as it is now."""
     graded = sorted({p.parent.name for p in course.build.glob("autograded/*/*/*.ipynb")})
     labs = [course.check_lab(lab) for lab in labs] if labs else graded
     log(f"grades: {course.export_csv()}")

@@ -1,30 +1,6 @@
-"""One submission = one job: built by the trusted grader, executed anywhere, recorded by nbgrader.
-
-    build_job(course, student, lab)   grader: the submission's notebooks with nbgrader's locked
-                                      cells restored from the gradebook (nbgrader's own
-                                      sanitizing preprocessors), the lab's released assets, its
-                                      tester plan and withheld references (tester_plan.py),
-                                      limits (and, added by the grader, the lab's warm compile
-                                      cache: autograder/compile_cache.py). A JSON-serialisable
-                                      dict, no path into the course.
-    execute_job(job) -> result        anywhere (this process, a local pool, a Dask worker): runs
-                                      `python -m autograder.jobs IN OUT` under memory / file /
-                                      wall-clock limits; that process executes each notebook
-                                      with GuardedExecute, the kernel in a sandbox that sees the
-                                      course with the lab's references withheld (withheld.py),
-                                      the tests in the tester beside it (tester.py), and returns
-                                      the executed notebooks and a report. It never sees the
-                                      gradebook, the instructor's notebooks or other jobs.
-                                      `execute_on_own_cores(slots)` pins each running job to
-                                      CPUs of its own (`grade --jobs N`, autograder/cores.py).
-    record(course, job, result)       grader: `nbgrader autograde` replays the executed
-                                      notebooks (ReplayExecute), so nbgrader scores them and
-                                      writes the gradebook; returns the GradeRecord.
-
-In the kernel a test cell is replaced by `kernel_side.serve(...)`: the kernel answers the
-tester's calls while the tester runs the cell. The cell's outputs then say the tester's verdict:
-what the test printed, and its failure message if it failed (never a traceback through hidden
-test code).
+"""One submission = one job (autograder/README.md): `build_job` (grader; JSON, no path into the
+course), `execute_job` (anywhere: a limited child process runs the notebook, the kernel sandboxed,
+the tests in the tester), `record` (grader: `nbgrader autograde` replays the executed notebooks).
 """
 from __future__ import annotations
 
@@ -51,25 +27,11 @@ class JobError(Exception):
     """A submission that cannot be executed at all (not a notebook, too large, ...)."""
 
 
-# --- the grader's side ---------------------------------------------------------------------
-def _notebook_names(course, lab: str) -> list[str]:
-    with course.gradebook() as gb:
-        return [nb.name for nb in gb.find_assignment(lab).notebooks]
-
-
 def _sanitize(course, student: str, lab: str, name: str, path: Path):
-    """nbgrader autograde's own sanitizing steps, here in the grader: outputs cleared, ids
-    deduplicated, kernelspec and every locked / test cell restored from the gradebook."""
+    """nbgrader autograde's own sanitizing steps, here in the grader (locked cells restored)."""
     import nbformat
-    from nbgrader.preprocessors import (
-        CheckCellMetadata,
-        ClearOutput,
-        DeduplicateIds,
-        OverwriteCells,
-        OverwriteKernelspec,
-    )
-    size = path.stat().st_size
-    if size > MAX_NOTEBOOK_BYTES:
+    from nbgrader import preprocessors as steps
+    if (size := path.stat().st_size) > MAX_NOTEBOOK_BYTES:
         raise JobError(f"rejected: {path.name} is {size >> 20} MB, over the "
                        f"{MAX_NOTEBOOK_BYTES >> 20} MB limit")
     try:
@@ -83,8 +45,8 @@ def _sanitize(course, student: str, lab: str, name: str, path: Path):
     resources = {"nbgrader": {"notebook": name, "assignment": lab, "student": student,
                               "db_url": course.db_url}}
     try:
-        for pp in (ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells,
-                   CheckCellMetadata):
+        for pp in (steps.ClearOutput, steps.DeduplicateIds, steps.OverwriteKernelspec,
+                   steps.OverwriteCells, steps.CheckCellMetadata):
             nb, resources = pp().preprocess(nb, resources)
     except Exception as e:
         raise JobError(f"rejected: nbgrader cannot read {path.name}'s cells "
@@ -93,9 +55,8 @@ def _sanitize(course, student: str, lab: str, name: str, path: Path):
 
 
 def pack_files(folder: Path, limit: int | None = None) -> dict[str, str]:
-    """Files under `folder` (no notebooks), never through a symlink: a submission may hold a
-    link to the instructor's labs/ or the gradebook. {relative path: base64}; JobError past
-    `limit` bytes. `unpack_files` writes them out again."""
+    """{relative path: base64} of the files under `folder` (no notebooks), never through a
+    symlink (to labs/ or the gradebook); JobError past `limit` bytes."""
     out, total = {}, 0
     if not folder.is_dir():
         return out
@@ -123,36 +84,31 @@ def unpack_files(files: dict[str, str], dest: Path) -> None:
 
 
 def install_compile_cache(files: dict[str, str], folder: Path) -> dict[str, str]:
-    """Write a job's copy of the grader's warm compile cache (autograder/compile_cache.py) into
-    `folder`, which the sandbox binds; the environment that points Inductor at it ({} when the
-    job carries none)."""
+    """Write a job's compile cache into `folder`; the environment pointing Inductor there."""
     if not files:
         return {}
     unpack_files(files, folder)
     return {COMPILE_CACHE_ENV: str(folder)}
 
 
-def _new_job(course, student: str, lab: str, cell_timeout: int | None,
-             notebook_timeout: int | None, mem_bytes: int | None, sandbox: bool) -> dict:
-    return {"student": student, "lab": lab, "notebooks": {}, "files": {}, "plans": {},
-            "withheld": {}, "tester_files": pack_files(course.release_dir(lab)),
-            "sandbox": sandbox,
-            "limits": {"cell_timeout": cell_timeout or course.configured_cell_timeout(),
-                       "notebook_timeout": notebook_timeout or
-                       course.configured_notebook_timeout(),
-                       "mem_bytes": mem_bytes}}
-
-
 def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None,
               notebook_timeout: int | None = None, mem_bytes: int | None = None,
               sandbox: bool = True) -> dict:
     import nbformat
-    job = _new_job(course, student, lab, cell_timeout, notebook_timeout, mem_bytes, sandbox)
+    job = {"student": student, "lab": lab, "notebooks": {}, "files": {}, "plans": {},
+           "withheld": {}, "tester_files": pack_files(course.release_dir(lab)),
+           "sandbox": sandbox,
+           "limits": {"cell_timeout": cell_timeout or course.configured_cell_timeout(),
+                      "notebook_timeout": notebook_timeout or
+                      course.configured_notebook_timeout(),
+                      "mem_bytes": mem_bytes}}
     folder = course.submitted(student, lab)
     try:
         job["files"] = pack_files(folder, MAX_EXTRA_BYTES)
         job["files"].update(pack_files(course.release_dir(lab)))      # the course's assets win
-        for name in _notebook_names(course, lab):
+        with course.gradebook() as gb:
+            names = [nb.name for nb in gb.find_assignment(lab).notebooks]
+        for name in names:
             source = nbformat.read(str(course.source(lab) / f"{name}.ipynb"), as_version=4)
             job["plans"][name] = tester_plan(source)
             job["withheld"].update(withheld_of(source))
@@ -168,8 +124,7 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
 
 
 def execute_job(job: dict) -> dict:
-    """Run the job in a child process under the job's limits; never raises. This is the
-    function `grade --jobs N` runs N at a time and `grade --scheduler` ships to Dask workers."""
+    """Run the job in a child process under the job's limits; never raises."""
     from .processes import run_logged, subprocess_env
     if job.get("rejected"):
         return {"error": job["rejected"]}
@@ -201,18 +156,11 @@ def execute_job(job: dict) -> dict:
 
 
 def execute_on_own_cores(slots):
-    """execute_job, each running job pinned to a CPU set of `slots` (a cores.CoreSlots) that no
-    other running job has: what `grade --jobs N` runs on this machine."""
+    """execute_job, each running job pinned to a CPU set of `slots` (a cores.CoreSlots)."""
     def execute_job_on_own_cores(job: dict) -> dict:
         with slots.take() as cpus:
             return execute_job({**job, "limits": {**job["limits"], "cpus": cpus}})
     return execute_job_on_own_cores
-
-
-# --- the job's own process ------------------------------------------------------------------
-def _error(ename: str, evalue: str) -> dict:
-    from nbformat.v4 import new_output
-    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
 def _cap_outputs(cell) -> None:
@@ -239,10 +187,8 @@ def _cap_outputs(cell) -> None:
 
 
 def _sandbox_spec(work: Path, runtime: Path, cache_env: dict, course: Path, links: list):
-    """The kernel's sandbox: the course packages from `course` (the copy with the lab's
-    references withheld, and the installed folders it links to), never the installed ones;
-    `cache_env`: install_compile_cache()'s environment naming the kernel's copy of the compile
-    cache, which is bound into the sandbox read-write."""
+    """The kernel's sandbox: the course from `course` (references withheld), never the installed
+    packages; the compile cache read-write."""
     from . import sandbox, withheld
     home = work.parent / "home"
     home.mkdir(exist_ok=True)
@@ -257,10 +203,8 @@ def _sandbox_spec(work: Path, runtime: Path, cache_env: dict, course: Path, link
 
 
 def _split_cells(nb, plan: dict, socket_path: str, cell_timeout: float) -> tuple[dict, dict]:
-    """Each test cell becomes the kernel's side of the test (kernel_side.serve); each locked
-    setup cell also runs in the tester, unless it runs in the kernel only. Returns (the
-    kernel's source of each test cell -> its own source, the kernel's source of each cell the
-    tester runs -> the tester's command)."""
+    """Test cells become kernel_side.serve, locked setup cells also run in the tester: returns
+    ({kernel source: test source}, {kernel source: the tester's command})."""
     original, commands = {}, {}
     for i, cell in enumerate(nb.cells):
         m = cell.metadata.get("nbgrader", {})
@@ -284,8 +228,7 @@ def _split_cells(nb, plan: dict, socket_path: str, cell_timeout: float) -> tuple
 
 
 def _apply_verdicts(nb, original: dict, answers: dict, report: dict) -> None:
-    """Put back each test cell's source; its outputs say the tester's verdict. A setup cell
-    that failed in the tester is logged (the grader's own failure)."""
+    """Put back each test cell's source, its outputs the tester's verdict; log failed setups."""
     from nbformat.v4 import new_output
     stopped = {"KernelDied", "KernelUnresponsive", "OutputLate", "KernelUnreadable",
                "NotebookTimeout", "CellTimeoutError"}
@@ -302,21 +245,21 @@ def _apply_verdicts(nb, original: dict, answers: dict, report: dict) -> None:
         cell.source = original[cell.source]
         outputs = cell.get("outputs", [])
         kept = [o for o in outputs if o.get("output_type") not in ("error", "execute_result")]
-        for o in kept:      # the student's code printed it (a warning of torch.compile's...):
-            if o.get("output_type") == "stream":     # nbgrader would fail a test on stderr
+        for o in kept:      # the student's code printed it: nbgrader fails a test on stderr
+            if o.get("output_type") == "stream":
                 o["name"] = "stdout"
         stop = [o for o in outputs if o.get("output_type") == "error" and o.get("ename") in stopped]
         answer = answer or {"ok": False, "ename": "NotRun", "evalue": "the test did not run"}
         shown = [new_output("stream", name="stdout", text=answer["stdout"])] \
             if answer.get("stdout") else []
+        ename, evalue = str(answer.get("ename") or "Error"), str(answer.get("evalue", ""))
         error = [] if answer.get("ok") else stop[:1] or [
-            _error(str(answer.get("ename") or "Error"), str(answer.get("evalue", "")))]
+            new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])]
         cell.outputs = kept + shown + error
 
 
 def _execute_notebook(nb, base: Path, job: dict, log, plan: dict) -> dict:
-    """Run one sanitized notebook: the kernel in `base`/work, the tester beside it; returns
-    the report."""
+    """Run one sanitized notebook: the kernel in `base`/work, the tester beside it."""
     from . import withheld
     from .execute import GuardedExecute
     from .tester import TesterProcess
@@ -330,7 +273,6 @@ def _execute_notebook(nb, base: Path, job: dict, log, plan: dict) -> dict:
     home.mkdir()
     unpack_files(job.get("tester_files") or {}, home)
     course, links = withheld.build(job.get("withheld") or {}, job["lab"], base / "course")
-    # this kernel's own copy of the grader's warm compile cache (autograder/compile_cache.py)
     cache_env = install_compile_cache(job.get("compile_cache") or {}, base / "compile_cache")
     tester = TesterProcess(socket_path, cwd=str(home), env=dict(os.environ))   # the real course
     kw = {}
@@ -369,8 +311,7 @@ def _main(folder: str) -> int:
     job = json.loads((tmp / "job.json").read_text())
     if job.get("sandbox"):
         from .sandbox import sandbox_unavailable_reason
-        why = sandbox_unavailable_reason()
-        if why:
+        if why := sandbox_unavailable_reason():
             print(f"no sandbox on this machine: {why}", file=sys.stderr)
             return 3
     result = {"notebooks": {}, "reports": {}}
@@ -385,8 +326,7 @@ def _main(folder: str) -> int:
 
 
 def _socket_dir(base: Path) -> Path:
-    """The folder for the kernel's connection file and ipc sockets: `base/runtime`, or a fresh
-    folder in /tmp where that path is too long for a Unix socket (a long TMPDIR)."""
+    """`base/runtime`, or a folder in /tmp where that is too long for a Unix socket."""
     from .sandbox import MAX_IPC_PATH
     runtime = base / "runtime"
     if len(str(runtime)) + len("/k0123456789ab-65535") > MAX_IPC_PATH:
@@ -395,25 +335,21 @@ def _socket_dir(base: Path) -> Path:
     return runtime
 
 
-# --- recording ------------------------------------------------------------------------------
 def status_of(result: dict) -> str:
     if result.get("error"):
         return result["error"] if result.get("killed") or \
             result["error"].startswith("rejected") else f"failed: {result['error']}"
     reports = list(result.get("reports", {}).values())
-    setup = [r["setup_error"] for r in reports if r.get("setup_error")]
-    if setup:
+    if setup := [r["setup_error"] for r in reports if r.get("setup_error")]:
         return f"failed: the grader's set-up did not run in the kernel ({setup[0]})"
-    if any(r.get("kernel_died") is not None for r in reports):
-        return "kernel died"
-    if any(r.get("unresponsive") is not None for r in reports):
-        return "kernel unresponsive"
-    if any(r.get("unreadable") is not None for r in reports):
-        return "kernel unreadable"
-    if any(r.get("notebook_timeout") for r in reports):
-        return "notebook timeout"
-    if any(r.get("cell_timeouts") for r in reports):
-        return "cell timeout"
+    for key, status in (("kernel_died", "kernel died"), ("unresponsive", "kernel unresponsive"),
+                        ("unreadable", "kernel unreadable")):
+        if any(r.get(key) is not None for r in reports):
+            return status
+    for key, status in (("notebook_timeout", "notebook timeout"),
+                        ("cell_timeouts", "cell timeout")):
+        if any(r.get(key) for r in reports):
+            return status
     return "ok"
 
 

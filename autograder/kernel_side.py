@@ -1,19 +1,6 @@
-"""The student's kernel's side of a test that runs in the tester (autograder/tester.py).
-
-While the grader runs a test cell, the kernel runs `serve(path)` instead of the cell: it
-connects to the tester's socket and answers its requests until the tester says it is done:
-
-    {"op": "lookup", "name": n}                     what the notebook binds to n: a plain value,
-                                                    or {"callable": true} for a function / class
-    {"op": "call", "name": n, "args", "kwargs"}     the notebook's n(*args, **kwargs)
-    {"op": "probe", "fn": "module:name", ...}       a registered probe (autograder/probes.py)
-    {"op": "done"}
-
-Arguments and results are plain values (autograder/plain.py); a StudentRef among the arguments
-is the notebook's object of that name. An argument the call changed in place (a list, dict,
-tensor, array or Generator, or one inside a tuple, list or dict) is sent back with the result
-("changed"), so the tester's copy changes as the student's did. What the student's code raises crosses as its type name and
-message. The kernel never sees a test's text: only these requests.
+"""The kernel's side of a test that runs in the tester: `serve(path)` answers "lookup", "call",
+"probe" and "done" with plain values (autograder/plain.py), sends back arguments the call
+changed in place, and never sees the test's text.
 """
 from __future__ import annotations
 
@@ -28,8 +15,7 @@ MAX_TEXT = 4000                  # characters of an exception message that cross
 
 
 def serve(path: str, namespace: dict | None = None) -> None:
-    """Answer the tester's requests on the socket at `path` until it is done. `namespace`: the
-    notebook's globals (default: IPython's)."""
+    """Answer the tester at `path` until it is done; `namespace`: default IPython's."""
     if namespace is None:
         namespace = __import__("IPython").get_ipython().user_ns
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -63,9 +49,8 @@ def _answer(message: dict, blobs: list, namespace: dict, out: Codec) -> dict:
     op = message.get("op")
     if op == "lookup":
         value = _lookup(namespace, message.get("name"))
-        if callable(value):
-            return {"ok": {"d": [["callable", True]]}}
-        return {"ok": out.enc(value, where=f"your {message['name']}")}
+        return {"ok": {"d": [["callable", True]]} if callable(value)
+                else out.enc(value, where=f"your {message['name']}")}
     if op == "call":
         fn = _lookup(namespace, message.get("name"))
         what = f"your {message['name']}"
@@ -80,9 +65,8 @@ def _answer(message: dict, blobs: list, namespace: dict, out: Codec) -> dict:
     before = [_snapshot(a) for a in args]
     result = fn(*args, **kwargs)
     body = {"ok": out.enc(result, where=f"what {what} returned")}
-    changed = [[i, out.enc(a, where=f"argument {i + 1} after {what}")]
-               for i, a in enumerate(args) if not _same(before[i], _snapshot(a))]
-    if changed:
+    if changed := [[i, out.enc(a, where=f"argument {i + 1} after {what}")]
+                   for i, a in enumerate(args) if not _same(before[i], _snapshot(a))]:
         body["changed"] = changed
     return body
 
@@ -119,12 +103,9 @@ def _same(a, b) -> bool:
     import torch
     if a[0] != b[0]:
         return False
-    if a[0] in ("T", "G"):
-        return a[1].shape == b[1].shape and a[1].dtype == b[1].dtype and \
-            torch.equal(a[1], b[1])
-    if a[0] == "A":
-        return a[1].shape == b[1].shape and a[1].dtype == b[1].dtype and \
-            np.array_equal(a[1], b[1])
+    if a[0] in ("T", "G", "A"):
+        equal = np.array_equal if a[0] == "A" else torch.equal
+        return a[1].shape == b[1].shape and a[1].dtype == b[1].dtype and equal(a[1], b[1])
     if a[0] == "l":
         return len(a[1]) == len(b[1]) and all(map(_same, a[1], b[1]))
     if a[0] == "d":

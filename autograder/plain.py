@@ -1,17 +1,6 @@
-"""The plain values that cross between the tester (trusted) and the student's kernel, and the
-frames that carry them on a Unix socket.
-
-Plain means data, never code or objects: None, bool, int, float, str, bytes, lists, tuples,
-dicts and sets of these, torch tensors and NumPy arrays (their bytes, dtype and shape), torch
-dtypes, and torch Generators (their state). NumPy scalars and subclasses of the built-in types
-cross as the built-in type; a tensor subclass as a plain tensor. Anything else (a module, a
-class instance, a function, a SymPy expression) raises `NotPlain`, which names it: such a value
-stays on its side, and a lab's probe (autograder/probes.py) turns it into plain values where it
-lives. From the tester, a `StudentRef` names one of the student's own objects (their function,
-passed to a probe); it is looked up in the kernel's notebook, never sent.
-
-A message is one JSON object and raw byte blobs, each length-prefixed and read with hard limits
-before anything is decoded. Nothing here unpickles or evaluates what it reads.
+"""The plain values that cross between the tester and the kernel (autograder/README.md), and
+their frames on a Unix socket: one JSON object and byte blobs, length-prefixed and read with
+hard limits before anything is decoded; nothing is unpickled or evaluated.
 """
 from __future__ import annotations
 
@@ -35,16 +24,15 @@ class NotPlain(TypeError):
 
 
 class ProtocolError(Exception):
-    """A message that breaks the protocol: too big, too deep, not JSON, a tensor whose bytes do
-    not match its shape, an unknown tag. The test that received it fails."""
+    """A message that breaks the protocol (too big, too deep, malformed): the test fails."""
 
 
 class Disconnected(ProtocolError):
-    """The other side closed the socket (the kernel died, was interrupted, or closed it)."""
+    """The other side closed the socket."""
 
 
 class StudentRef:
-    """(Tester) One of the student's objects, by the name their notebook binds it to."""
+    """(Tester) One of the student's objects, by its name in their notebook; never sent."""
 
     def __init__(self, name: str):
         self.name = name
@@ -53,11 +41,8 @@ class StudentRef:
         return f"<your {self.name}>"
 
 
-# --- values -------------------------------------------------------------------------------
 class Codec:
-    """Encodes values to JSON-able trees plus blobs, and decodes them back. `resolve` (the
-    kernel's side): name -> the student's object, for the StudentRefs the tester sends; without
-    it a StudentRef does not decode."""
+    """Values <-> JSON-able trees plus blobs; `resolve` (kernel): name -> the student's object."""
 
     def __init__(self, blobs: list | None = None, resolve=None):
         self.blobs = [] if blobs is None else blobs
@@ -195,7 +180,7 @@ class Codec:
 
 
 def _plain_part(x, base):
-    """The built-in value inside an instance of a subclass of `base` (its own methods unused)."""
+    """The built-in value inside a subclass instance (its own methods unused)."""
     if base is int:
         return int.__index__(x)
     if base is float:
@@ -213,7 +198,6 @@ def _list(x, n: int | None = None) -> list:
     return x
 
 
-# --- frames -------------------------------------------------------------------------------
 def send(sock: socket.socket, message: dict, blobs: list) -> None:
     text = json.dumps(message, allow_nan=False).encode()
     sizes = [memoryview(b).nbytes for b in blobs]

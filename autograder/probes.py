@@ -1,18 +1,5 @@
-"""Probes: course functions that run the student's code where it lives, in their kernel, and
-return plain values (autograder/plain.py) for a test to compare with what the tester computes.
-
-A test passes the student's function (or class) to a probe with the test's seeds and sizes:
-
-    from autograder.labs import lab00
-    tokens = lab00.greedy_tokens(generate, prompt, 9)     # in lab00.py: @probe def greedy_...
-
-In JupyterLab (the student running the visible tests) a probe is an ordinary call. While the
-grader runs a test in the tester (autograder/tester.py), calling a probe sends its name and
-arguments to the kernel, which runs it there on its own models, caches and pools, built from
-the test's seeds and the shipped weights (`fresh_model`), and sends back the result: what a test
-reads of a model or an object of the student's is computed in the kernel, and what it compares
-that with is computed in the tester. Probes live in the lab's module, autograder/labs/labNN.py,
-and are registered by the decorator; the kernel runs only registered ones.
+"""Probes (autograder/README.md): `@probe` registers a lab's course function; during a test in
+the tester a call runs it in the student's kernel, elsewhere it is an ordinary call.
 """
 from __future__ import annotations
 
@@ -25,23 +12,19 @@ _CONNECTION = None       # (tester) the kernel of the running test: tester.Kerne
 
 
 def connection():
-    """The tester's connection to the kernel during a test, else None (in the kernel itself,
-    in JupyterLab, in the instructor's measurements)."""
+    """The tester's connection to the kernel during a test, else None."""
     return _CONNECTION
 
 
 def probe(fn):
-    """Register `fn` as a probe: in the tester during a test, it runs in the student's kernel."""
     name = f"{fn.__module__}:{fn.__qualname__}"
     PROBES[name] = fn
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        kernel = _CONNECTION
-        if kernel is not None:
+        if (kernel := _CONNECTION) is not None:
             return kernel.probe(name, args, kwargs)
         return fn(*args, **kwargs)
-    run.probe_name = name
     return run
 
 
@@ -50,8 +33,7 @@ _WORKING: dict = {}
 
 
 def fresh_model(name: str = "target"):
-    """A fresh copy of a shipped checkpoint (`minillm.load(name)`, loaded once per process):
-    what the student's code does to it reaches no other probe."""
+    """A fresh copy of a shipped checkpoint (loaded once per process)."""
     import copy
     if name not in _PRISTINE:
         import minillm
@@ -60,8 +42,7 @@ def fresh_model(name: str = "target"):
 
 
 def working_model(name: str = "target"):
-    """One copy of a shipped checkpoint kept for the timed probes (loaded once per process):
-    a speed check times the student's code, not the loading."""
+    """One copy of a shipped checkpoint kept for the timed probes: they time code, not loading."""
     if name not in _WORKING:
         _WORKING[name] = fresh_model(name)
     return _WORKING[name]

@@ -1,21 +1,10 @@
-"""Child processes under limits: how the grader runs nbgrader and each grading job.
-
-Untrusted execution: each grading job (one student x one lab) runs in its own process
-session with
-  * a wall-clock limit (the notebook limit + a margin); on expiry the whole process tree,
-    including the kernel that jupyter_client starts in a session of its own, is killed;
-  * a memory bound, RLIMIT_DATA, inherited by the kernel. RLIMIT_DATA (Linux >= 4.7) counts
-    writable private memory (heap, anonymous mmaps: every tensor), not address-space
-    reservations; RLIMIT_AS would also count the PROT_NONE reservations that CUDA, glibc arenas
-    and thread stacks make and break `import torch` / CUDA init on big machines. Before the first
-    use, a probe imports torch (and initialises CUDA when present) under the limit; if the probe
-    fails, grading continues without the limit and says so;
-  * RLIMIT_FSIZE (no file over 1 GiB) and RLIMIT_CORE = 0;
-  * with `grade --jobs N`, CPUs of its own (sched_setaffinity; autograder/cores.py).
-A submission that crashes, hangs or is killed scores zero for every test that did not pass.
+"""Child processes under limits (autograder/README.md, "The sandbox and the limits"): their own
+session, a wall clock, RLIMIT_FSIZE, no core dumps, CPUs, and RLIMIT_DATA, not RLIMIT_AS, which
+counts the PROT_NONE reservations of CUDA, glibc arenas and stacks and breaks `import torch`.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -26,22 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FSIZE_LIMIT = 1 << 30
-# matplotlib in a grading kernel: the backend Jupyter's kernel picks by default, so `plt.show()`
-# (or a figure left open at the end of a cell) becomes an image/png output in the executed
-# notebook, the autograded notebook and the feedback, as the student saw it. Set, not defaulted:
-# an instructor's MPLBACKEND (Agg drops every figure, a GUI backend opens windows) never reaches
-# a kernel. The inline backend draws off-screen like Agg, so grading stays headless.
+# a kernel's figures become image/png outputs, as the student saw them. Set, not defaulted: an
+# instructor's MPLBACKEND (Agg drops every figure, a GUI one opens windows) never reaches a kernel.
 KERNEL_MPLBACKEND = "module://matplotlib_inline.backend_inline"
 
 
 def package_parent() -> Path:
-    """The directory that holds the `autograder` package (the repository in a dev install)."""
+    """The directory that holds the `autograder` package."""
     return Path(__file__).resolve().parent.parent
 
 
 def tree_sha256(folder: Path, pattern: str = "*", digest=None):
-    """A SHA-256 over the files under `folder` that match `pattern`: each one's path relative to
-    `folder` and its bytes, in sorted order. `digest`: a hashlib object to update (returned)."""
+    """A SHA-256 (`digest`, updated and returned) of the paths and bytes under `folder`."""
     import hashlib
     digest = digest or hashlib.sha256()
     for p in sorted(x for x in Path(folder).rglob(pattern) if x.is_file()):
@@ -50,7 +35,6 @@ def tree_sha256(folder: Path, pattern: str = "*", digest=None):
 
 
 def packages_sha256(packages) -> str:
-    """A SHA-256 of the Python sources of the course's `packages` (names and bytes)."""
     import hashlib
     digest = hashlib.sha256()
     for pkg in packages:
@@ -60,18 +44,15 @@ def packages_sha256(packages) -> str:
 
 
 def environment_fingerprint(packages) -> dict:
-    """What a result the grader keeps between batches (a compile cache, a reference run) depends
-    on besides its own inputs: the Python and torch versions and the course's `packages`."""
+    """What a result kept between batches depends on: Python, torch, the course's sources."""
     import torch
     return {"python": sys.version, "torch": torch.__version__,
             "packages_sha256": packages_sha256(packages)}
 
 
 def subprocess_env(extra: dict | None = None) -> dict:
-    """Environment for nbgrader subprocesses: the venv's bin first on PATH (nbgrader shells out
-    to `alembic`), and the directory holding `autograder`/`minillm` on PYTHONPATH so the kernel
-    imports the same packages as the grader whatever its working directory; MPLBACKEND is the
-    inline backend (KERNEL_MPLBACKEND) for the kernels those processes start."""
+    """Environment for child processes: the venv's bin first on PATH (nbgrader runs `alembic`),
+    the course on PYTHONPATH, MPLBACKEND for their kernels, then `extra`."""
     env = dict(os.environ)
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bindir] + [p for p in env.get("PATH", "").split(os.pathsep)
@@ -86,7 +67,6 @@ def subprocess_env(extra: dict | None = None) -> dict:
     return env
 
 
-# --- limits --------------------------------------------------------------------------
 def limits_preexec(mem_bytes: int | None, cpus: list[int] | None = None):
     def apply():
         import resource
@@ -100,10 +80,8 @@ def limits_preexec(mem_bytes: int | None, cpus: list[int] | None = None):
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL a process, its process group and all its descendants (the kernel runs in a
-    session of its own, so killing the group alone would leave it running)."""
-    procs = []
-    try:
+    """SIGKILL a process, its group and its descendants (the kernel has a session of its own)."""
+    with contextlib.suppress(ImportError):                # psutil comes with ipykernel
         import psutil
         try:
             parent = psutil.Process(pid)
@@ -111,16 +89,10 @@ def kill_tree(pid: int) -> None:
         except psutil.NoSuchProcess:
             procs = []
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
-    except ImportError:                                    # psutil comes with ipykernel
-        pass
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 @dataclass
@@ -136,8 +108,7 @@ class RunResult:
 def run_logged(cmd: list[str], *, cwd: Path, log: Path | None = None, timeout: float | None = None,
                mem_bytes: int | None = None, env: dict | None = None,
                cpus: list[int] | None = None) -> RunResult:
-    """Run `cmd` in its own session with limits, on `cpus` only when given (autograder/cores.py);
-    output to `log` (or a temporary file)."""
+    """Run `cmd` in its own session with limits, on `cpus` if given; output to `log`."""
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         fh = open(log, "w+b")

@@ -19,9 +19,7 @@ class CellScore:
 class GradeRecord:
     student: str
     lab: str
-    status: str                     # ok | cell timeout | notebook timeout | kernel died |
-    #                                kernel unresponsive | kernel unreadable | failed |
-    #                                killed after N s
+    status: str                     # autograder/README.md, "Statuses"
     seconds: float                  # the whole `nbgrader autograde` subprocess
     exec_seconds: float | None      # executing the notebook(s), from GuardedExecute's report
     cells: list[CellScore] = field(default_factory=list)

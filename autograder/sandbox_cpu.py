@@ -1,32 +1,11 @@
-"""The CPU time of a student's kernel, read from outside it: the clock of the tester's speed
-checks (autograder/tester.py).
-
-A test that runs in the tester calls the student's code in the student's kernel
-(autograder/kernel_side.py), so the tester's own CPU time (`time.process_time`) leaves out the
-work it is meant to time: lab 01 timed `serve_batched` at 1.26x instead of the 1.8x it reaches,
-because only the tester's share of each call was counted. Nothing the kernel says about itself can be trusted, so the tester reads
-the kernel's CPU time from Linux, from outside:
-
-* which processes: the kernel's whole sandbox. The kernel's pid comes from the connection it
-  opened to the tester (`SO_PEERCRED`, translated by Linux into the tester's PID namespace). In
-  the sandbox (its own PID namespace, autograder/sandbox.py) every process the kernel starts,
-  orphans included, descends from the namespace's first process, so the meter walks up from the
-  kernel to that process and counts it and all its descendants; without a sandbox, the kernel
-  and its descendants;
-* the fine clock: the sum of each process's CPU clock (`clock_gettime` on the process's CPU-time
-  clock, in nanoseconds), which counts every thread the process ran, ended ones included: a
-  thread pool is timed like any other work;
-* the coarse check: a child process that ends takes its nanoseconds with it (only its parent's
-  `cutime` / `cstime` in `/proc/<pid>/stat`, clock ticks of 10 ms, keep them), so work done in
-  short-lived processes would vanish from the fine clock. `SandboxMeter.check` compares the two
-  over a whole measurement: when the children's ticks grew by more than a few, the measurement
-  is refused (`UnaccountedWork`, an AssertionError: the test fails and says why).
-
-What it does not see: time spent in the kernel on behalf of the process outside its threads
-(interrupts, other processes' page-ins), as any CPU clock.
+"""The CPU time of a kernel's whole sandbox, read from Linux outside it, for the tester's speed
+checks (the tester's own time missed the kernel's: lab 01 timed 1.26x instead of 1.8x). Each
+process's CPU clock counts ended threads; a child process that ends keeps only its parent's
+cutime ticks, so `SandboxMeter.check` refuses a measurement they grew in (`UnaccountedWork`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -37,11 +16,11 @@ __all__ = ["SandboxMeter", "UnaccountedWork", "peer_pid"]
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 SLACK_TICKS = 4              # rounding of the coarse count, per measurement
 SLACK_FRACTION = 0.05        # of the fine clock that ended children may use
+_GONE = (FileNotFoundError, ProcessLookupError)
 
 
 class UnaccountedWork(AssertionError):
-    """The student's code did work the fine clock cannot time (processes that ended during a
-    timed check)."""
+    """Work in processes that ended during a timed check: the fine clock cannot time it."""
 
 
 def peer_pid(conn: socket.socket) -> int:
@@ -63,8 +42,7 @@ def _ns_depth(pid: int) -> int:
 
 
 def sandbox_root(pid: int) -> int:
-    """The first process of `pid`'s PID namespace when that namespace is below this process's
-    (the sandbox's), else `pid` itself."""
+    """The first process of `pid`'s PID namespace if it is below this process's, else `pid`."""
     mine = _ns_depth(os.getpid())
     if _ns_depth(pid) <= mine:
         return pid
@@ -82,20 +60,14 @@ def sandbox_root(pid: int) -> int:
 
 def _children(pid: int) -> list[int]:
     found = []
-    try:
+    with contextlib.suppress(*_GONE):
         for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    found += [int(x) for x in f.read().split()]
-            except (FileNotFoundError, ProcessLookupError):
-                pass
-    except (FileNotFoundError, ProcessLookupError):
-        pass
+            with contextlib.suppress(*_GONE), open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(x) for x in f.read().split()]
     return found
 
 
 def _coarse_ticks(pid: int) -> int:
-    """The ticks of the children `pid` waited for (cutime + cstime)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     # after the command: state ppid ... utime(14) stime(15) cutime(16) cstime(17), 1-based
@@ -103,7 +75,6 @@ def _coarse_ticks(pid: int) -> int:
 
 
 def _fine_ns(pid: int) -> int:
-    """The process's CPU time, all its threads (ended ones too): its CPU-time clock."""
     try:
         return time.clock_gettime_ns(((~pid) << 3) | 2)     # CPUCLOCK_SCHED, process-wide
     except OSError:
@@ -111,7 +82,7 @@ def _fine_ns(pid: int) -> int:
 
 
 class SandboxMeter:
-    """CPU seconds of the processes of a kernel's sandbox (see the module docstring)."""
+    """CPU seconds of the processes of a kernel's sandbox."""
 
     def __init__(self, pid: int):
         self.root = sandbox_root(pid)
@@ -130,31 +101,23 @@ class SandboxMeter:
         return seen
 
     def read(self) -> tuple[float, float]:
-        """(fine, coarse) CPU seconds of the sandbox's processes so far."""
         fine = coarse = 0
         for pid in self.processes():
-            try:
+            with contextlib.suppress(*_GONE):   # ended while read: its parent's cutime has it
                 fine += _fine_ns(pid)
                 coarse += _coarse_ticks(pid)
-            except (FileNotFoundError, ProcessLookupError):
-                pass                # ended while being read: its parent's cutime has it next
         return fine * 1e-9, coarse * TICK_S
 
     def seconds(self) -> float:
-        """The fine clock alone (read twice per timed call: no tick counts)."""
+        """The fine clock alone (read twice per timed call)."""
         fine = 0
         for pid in self.processes():
-            try:
+            with contextlib.suppress(*_GONE):
                 fine += _fine_ns(pid)
-            except (FileNotFoundError, ProcessLookupError):
-                pass
         return fine * 1e-9
 
     def check(self, before: tuple[float, float], after: tuple[float, float]) -> None:
-        """UnaccountedWork when, between the two readings, the ended children's ticks grew by
-        more than a few (see the module docstring)."""
-        fine = after[0] - before[0]
-        coarse = after[1] - before[1]
+        fine, coarse = after[0] - before[0], after[1] - before[1]
         if coarse > SLACK_FRACTION * fine + SLACK_TICKS * TICK_S:
             raise UnaccountedWork(
                 f"during this timed check your kernel's child processes used {coarse:.2f} s "
@@ -163,8 +126,7 @@ class SandboxMeter:
 
 
 def cpu_clock(meter_of):
-    """A clock for minillm.timing: this process's CPU seconds plus those of the sandbox that
-    `meter_of()` returns (None: this process only)."""
+    """This process's CPU seconds plus those of the sandbox `meter_of()` returns (or None)."""
     process_time = time.process_time
 
     def clock() -> float:

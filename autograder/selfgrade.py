@@ -1,14 +1,5 @@
-"""`python -m autograder selfgrade NOTEBOOK`: grade your own notebook, hidden tests included.
-
-The notebook is autograded exactly as the instructor's `grade` would, but in a temporary course
-(a copy of nbgrader_config.py and of the lab's source folder, its own gradebook), so build/ is
-left alone. Prints each graded cell's score / max and, for failed cells, the error; exits 0 only
-with full marks on every autograded cell.
-
-Written answers are graded by hand, so selfgrade cannot score them; `--answers` shows, for each
-written answer you have written, the lab's model answer and the rubric a grader uses (from the
-instructor's source notebook: they are never in a release). An answer still blank gets nothing:
-write your own first.
+"""`python -m autograder selfgrade NOTEBOOK`: grade your own notebook as `grade` would, hidden
+tests included, in a temporary course (autograder/README.md, "Students and self-learners").
 """
 from __future__ import annotations
 
@@ -37,8 +28,7 @@ def selfgrade(notebook: str | Path, *, lab: str | None = None, root: str | Path 
               cell_timeout: int | None = None, notebook_timeout: int | None = None,
               mem_gb: float | None = None, keep: bool = False, answers: bool = False,
               log=print):
-    """Autograde `notebook` in a temporary course; returns (GradeRecord, full_marks: bool).
-    `answers`: then show the model answers of the written answers the student has written."""
+    """Autograde `notebook` in a temporary course; returns (GradeRecord, full_marks: bool)."""
     notebook = Path(notebook).resolve()
     if not notebook.is_file():
         raise FileNotFoundError(f"no notebook {notebook}")
@@ -105,8 +95,8 @@ SOLUTION_LINES = ("### BEGIN SOLUTION", "### END SOLUTION")
 
 
 def written_answers(notebook: str | Path, source: str | Path) -> list[dict]:
-    """Per written answer cell of the lab (source order): grade id, points, the student's text
-    (None while blank or still the stub) and the model answer with its rubric."""
+    """Per written answer cell: grade id, points, the student's text (None if blank) and the
+    model answer with its rubric."""
     import nbformat
     mine = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source
             for c in nbformat.read(str(notebook), as_version=4).cells}
@@ -124,8 +114,7 @@ def written_answers(notebook: str | Path, source: str | Path) -> list[dict]:
 
 
 def show_answers(notebook: Path, source: Path, log=print) -> int:
-    """Print the model answer and rubric of every written answer the student has written;
-    returns how many were shown."""
+    """Print the model answer and rubric of each written answer written; returns how many."""
     shown = 0
     log("")
     log("Written answers: the model answer and the grader's rubric, beside your own")

@@ -1,22 +1,5 @@
-"""Copying detected, never scored: `grade --similarity` (or `python -m autograder similarity`).
-
-For each lab, each student's answer cells (the notebook's code solution cells, as submitted, in
-build/submitted/) are compared with `copydetect` (winnowed fingerprints of the token stream,
-names and strings normalised, as MOSS does) against:
-
-* the other students' answer cells for that lab;
-* the course's reference source (`minillm`, `kernels`): a student who copied the withheld
-  reference from their own install;
-* optionally, a folder of earlier terms' submissions (`--similarity-archive DIR`: notebooks or
-  .py files, anywhere below it).
-
-The code the released notebook gives (signatures, docstrings, stubs) is boilerplate and counts
-for nothing. What it writes, per lab: `build/similarity/<lab>.html` (copydetect's report: each
-pair over the display threshold, the overlap highlighted) and one entry per student in
-`build/similarity/similarity.json`: the highest fraction of their answer found in one other
-source, and which ("bob", "course:minillm.sampling", "archive:2025__alice.ipynb"). The grading
-table and build/grades.csv show both (autograder/export.py). A score is never changed: a match
-is a reason to read two answers side by side, not a verdict.
+"""Copying detected, never scored (`grade --similarity`, autograder/README.md): answer cells
+compared with copydetect; build/similarity/<lab>.html and similarity.json.
 """
 from __future__ import annotations
 
@@ -58,8 +41,7 @@ def _archive(src: Path, dest: Path) -> None:
 
 
 def compare(course, labs: list[str], archive: Path | None = None, log=print) -> dict:
-    """Compare every submission of `labs` (see the module docstring); returns and stores
-    {lab: {student: {"score": float, "with": str}}}."""
+    """Returns and stores {lab: {student: {"score": float, "with": str}}}."""
     import nbformat
     from copydetect import CopyDetector
 

@@ -1,23 +1,6 @@
-"""The sandbox's seccomp filter: the system calls a grading kernel may not make.
-
-bubblewrap loads a classic BPF program from a file descriptor (`bwrap --seccomp FD`) and
-installs it in the sandboxed process just before it runs the kernel; every process the kernel
-starts inherits it and cannot remove it. The program sees each system call's number and the ABI
-it was made through (`struct seccomp_data`: `nr` at offset 0, `arch` at offset 4) and answers
-ALLOW or an errno (Linux's Documentation/userspace-api/seccomp_filter.rst).
-
-What it refuses, with EPERM:
-
-* `sched_setaffinity`: `grade --jobs N` pins each job to cores of its own (autograder/cores.py);
-  without this a submission could put itself back on every core and slow the other students'
-  timed checks;
-* any system call made through another ABI than the machine's own (x86_64's 32-bit `int 0x80`
-  and x32 calls): they have other numbers, so they would pass a filter written for the native
-  ones.
-
-Only x86_64 and aarch64 are known; elsewhere the sandbox runs without the filter.
-Everything else is allowed: this is not a general system-call sandbox (see autograder/sandbox.py
-for what the namespaces guarantee and what they do not).
+"""The sandbox's seccomp filter (classic BPF for `bwrap --seccomp FD`, inherited by every process
+of the kernel): EPERM for `sched_setaffinity` (a kernel stays on the cores it was given) and for
+calls through another ABI (other numbers). x86_64 and aarch64 only; elsewhere no filter.
 """
 from __future__ import annotations
 
@@ -73,13 +56,10 @@ def program(machine: str | None = None) -> bytes:
 
 
 def filter_fd() -> int | None:
-    """A file descriptor holding program() at offset 0, for `bwrap --seccomp FD` (the caller
-    passes it to bwrap with pass_fds and closes it after the start); None on an architecture
-    this module has no numbers for (the sandbox then runs without the filter, and a kernel
-    could leave the CPUs `grade --jobs N` pinned it to)."""
+    """A file descriptor holding program() for `bwrap --seccomp FD`; None if unknown here."""
     if not supported():
         return None
-    fd = os.memfd_create("autograder-seccomp", os.MFD_CLOEXEC)   # pass_fds hands it to bwrap
+    fd = os.memfd_create("autograder-seccomp", os.MFD_CLOEXEC)
     try:
         os.write(fd, program())
         os.lseek(fd, 0, os.SEEK_SET)

@@ -1,27 +1,6 @@
-"""The tester: a process of the grader's that runs a lab's test cells (visible and hidden
-parts), apart from the student's kernel.
-
-The job process (autograder/jobs.py) starts it with `python -m autograder.tester SOCKET` beside
-the student's kernel and talks to it in JSON lines on its stdin / stdout:
-
-    {"op": "setup", "grade_id": ..., "source": ...}   a locked setup cell of the lab, run here
-                                                      too (imports, the model, the lab's helpers)
-    {"op": "test", "seq": n, "grade_id": ...,         a test cell: wait for the student's kernel
-     "source": ..., "names": [...]}                   to connect to SOCKET, run the cell, tell the
-                                                      kernel it is done
-    {"op": "abort", "seq": n}                         (while test n waits) the kernel will not
-                                                      connect; ignored once it has
-    {"op": "quit"}
-
-and answers each setup and test with {"ok": bool, "ename": ..., "evalue": ..., "stdout": ...}.
-
-A test reads the student's definitions by name, only the `names` the lab's unlocked cells bind
-(autograder/tester_plan.py): a function or class of theirs is a `StudentFunction`, whose calls
-run in the kernel with plain values both ways (autograder/plain.py, autograder/kernel_side.py);
-any other value of theirs is fetched by value. A probe (autograder/probes.py) runs in the kernel.
-The tester never runs the student's code, never unpickles what the kernel sends, and sends it
-nothing but plain values and the names of the student's own objects. Speed checks time the
-tester's CPU and the kernel's whole sandbox's, read from Linux (autograder/sandbox_cpu.py).
+"""The tester: the grader's process that runs a lab's test cells beside the student's kernel.
+`python -m autograder.tester SOCKET` reads JSON-line commands (setup, test, abort, quit) and
+answers each setup and test with {"ok", "ename", "evalue", "stdout"}.
 """
 from __future__ import annotations
 
@@ -36,13 +15,13 @@ import sys
 import time
 
 from . import probes, steady_malloc
-from .kernel_side import MAX_TEXT
+from .kernel_side import MAX_TEXT, _text
 from .plain import Codec, Disconnected, ProtocolError, StudentRef, recv, send
 from .sandbox_cpu import SandboxMeter, UnaccountedWork, cpu_clock
 
-MAX_STDOUT = 100_000         # characters of a test's own printing that are kept
+MAX_STDOUT = 100_000         # characters of a test's own printing kept
 
-# exceptions of the student's code that keep their type when they cross; others: StudentError
+# the student's exceptions that keep their type when they cross; others: StudentError
 BUILTIN_ERRORS = {e.__name__: e for e in (
     AssertionError, ValueError, TypeError, RuntimeError, IndexError, KeyError, AttributeError,
     NotImplementedError, ZeroDivisionError, ArithmeticError, OverflowError, LookupError,
@@ -92,9 +71,7 @@ class Kernel:
 
     def lookup(self, name: str):
         value = self.request({"op": "lookup", "name": name})
-        if value == {"callable": True}:
-            return StudentFunction(name)
-        return value
+        return StudentFunction(name) if value == {"callable": True} else value
 
     def probe(self, name: str, args: tuple, kwargs: dict):
         return self.request({"op": "probe", "fn": name}, args, kwargs)
@@ -105,8 +82,7 @@ class Kernel:
 
 
 def _copy_into(old, new):
-    """Make the tester's argument `old` hold what the student's call left in its copy, in
-    place where it can (the tensors inside a tuple too); returns what stands for it now."""
+    """Make `old` hold what the call left in its copy, in place if it can; returns it."""
     import numpy as np
     import torch
     if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
@@ -136,8 +112,7 @@ def _copy_into(old, new):
 
 
 class Namespace(dict):
-    """The tests' globals: what the setup cells and the tests bind, then the student's names
-    (`student_names`), fetched from the kernel on first use in a test."""
+    """The tests' globals; the student's names are fetched from the kernel on first use."""
 
     def __init__(self):
         super().__init__()
@@ -198,10 +173,8 @@ class Tester:
             if left <= 0:
                 return {"ok": False, "ename": "KernelStopped", "stdout": "",
                         "evalue": "your kernel did not start answering this test in time"}
-            if commands.has_line():
-                ready = [commands]
-            else:
-                ready, _, _ = select.select([self.listener, commands.fd], [], [], left)
+            ready = [commands] if commands.has_line() else \
+                select.select([self.listener, commands.fd], [], [], left)[0]
             if commands in ready or commands.fd in ready:
                 line = commands.readline()
                 if not line:
@@ -218,13 +191,12 @@ class Tester:
         try:
             self.meter = SandboxMeter.of_peer(conn)
         except (OSError, ValueError, KeyError) as e:
-            self.meter = None       # the speed checks then refuse to run: a candidate whose
-            print(f"tester: cannot read the kernel's CPU time: {e}",   # work went uncounted
-                  file=sys.stderr)                                    # would look free
+            self.meter = None       # the speed checks then refuse: uncounted work looks free
+            print(f"tester: cannot read the kernel's CPU time: {e}", file=sys.stderr)
         kernel = Kernel(conn)
         probes._CONNECTION = kernel
         self.ns.student_names = frozenset(cmd.get("names", []))
-        for name in self.ns.student_names:     # the kernel holds the student's value
+        for name in self.ns.student_names:
             self.ns.pop(name, None)
         try:
             result = self.run_source(cmd["source"], cmd.get("grade_id", "test"))
@@ -241,8 +213,7 @@ class Tester:
 
 
 class Commands:
-    """Lines from a file descriptor, read without Python's buffering, so that `select` on the
-    descriptor says whether a command is waiting."""
+    """Lines from a file descriptor, unbuffered, so that `select` says whether one waits."""
 
     def __init__(self, fd: int):
         self.fd, self.buf = fd, b""
@@ -251,7 +222,6 @@ class Commands:
         return b"\n" in self.buf
 
     def fill(self) -> None:
-        """Read what is waiting (call after `select` says the descriptor is readable)."""
         chunk = os.read(self.fd, 1 << 16)
         self.buf += chunk if chunk else b"\n"    # end of file reads as an empty line
 
@@ -267,7 +237,7 @@ class Commands:
 
 
 class TesterProcess:
-    """The job process's handle on a tester: start it, hand it cells, read its answers."""
+    """The job process's handle on a tester."""
 
     def __init__(self, socket_path: str, cwd: str, env: dict | None = None):
         import subprocess
@@ -276,20 +246,17 @@ class TesterProcess:
                                      cwd=cwd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE)     # stderr: the job's log
         self.replies = Commands(self.proc.stdout.fileno())
-        self.pending = None
-        self.seq = 0
+        self.pending, self.seq = None, 0
 
     def begin(self, cmd: dict) -> None:
-        """Send a setup cell or a test; its answer is read by `end`."""
         self.seq += 1
         cmd = {**cmd, "seq": self.seq}
         self._write(cmd)
         self.pending = cmd
 
     def end(self, wait: float) -> dict:
-        """The answer to the last command. A test whose kernel never connected (its visible
-        part failed, or the kernel died first) is told to abort. Waits at most `wait` seconds,
-        then stops the tester: its answer is then a failure of the grader's own."""
+        """The answer to the last command, waiting `wait` s; a test whose kernel never
+        connected is told to abort."""
         cmd, self.pending = self.pending, None
         if cmd is None:
             return {"ok": True, "ename": "", "evalue": "", "stdout": ""}
@@ -318,11 +285,9 @@ class TesterProcess:
                     "evalue": "the grader's tester stopped: this test could not be run"}
 
     def _write(self, cmd: dict) -> None:
-        try:
+        with contextlib.suppress(OSError):          # a dead tester: end() says so
             self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
             self.proc.stdin.flush()
-        except OSError:
-            pass                         # a dead tester: end() says so
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -335,17 +300,8 @@ class TesterProcess:
             self.proc.wait(5)
 
 
-def _text(e: BaseException) -> str:
-    try:
-        return str(e)[:MAX_TEXT]
-    except Exception:        # noqa: BLE001
-        return "(its message could not be read)"
-
-
 def _time_the_kernel_too(tester: Tester) -> None:
-    """The speed checks' CPU clock (autograder.timing.time_ratio) counts the tester's CPU time
-    and the connected kernel's sandbox's (autograder/sandbox_cpu.py), and refuses a measurement
-    during which the student's code did work that clock cannot see."""
+    """time_ratio's CPU clock: the tester's plus the kernel's sandbox's (sandbox_cpu.py)."""
     from autograder import timing as checks_timing
     from minillm import timing
     timed = timing._build(cpu_clock(lambda: tester.meter), timing._stat_median)[0]
@@ -369,14 +325,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m autograder.tester SOCKET", file=sys.stderr)
         return 2
     channel = os.fdopen(os.dup(1), "w", buffering=1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)                 # stray C-level writes must not reach the channel
-    tester = Tester(argv[0])
-    commands = Commands(0)
-    while True:
-        line = commands.readline()
-        if not line:
-            break
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)    # stray C-level writes must not reach it
+    tester, commands = Tester(argv[0]), Commands(0)
+    while line := commands.readline():
         cmd = json.loads(line)
         op = cmd.get("op")
         if op == "quit":

@@ -1,12 +1,5 @@
-"""What the grader reads from a lab's source notebook before any submission runs (no torch):
-which names the tests read from the student's kernel, which locked cells run in the kernel
-only, which references are withheld from it; and the AST helpers that work these out.
-
-A lab declares, in its source notebook's metadata, the course references its student rewrites:
-
-    "autograder": {"withheld": {"minillm.sampling:top_p_filter": "top_p_filter", ...}}
-
-(`module:qualname` -> the notebook name the student writes instead; autograder/withheld.py).
+"""What the grader reads from a lab's source notebook (no torch): the names the tests read from
+the kernel, the locked cells that run in the kernel only, the withheld references.
 """
 from __future__ import annotations
 
@@ -19,10 +12,8 @@ HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 
 def tester_plan(source_nb) -> dict:
-    """{"names": the names the tests may read from the kernel (those the unlocked cells bind,
-    imports excluded, and those of the kernel-only cells), "kernel_only": the grade ids of the
-    locked cells that are not tests and run in the kernel only (they call the student's code:
-    they read a name an unlocked cell binds and do more than define functions and classes)}."""
+    """{"names": what unlocked and kernel-only cells bind (not imports), "kernel_only": locked
+    non-test cells that read a name an unlocked cell binds and do more than define}."""
     names: set[str] = set()
     kernel_only: list[str] = []
     for c in source_nb.cells:
@@ -49,8 +40,7 @@ def withheld_of(source_nb) -> dict[str, str]:
 
 
 def authoring_problems(source_nb) -> list[str]:
-    """A test cell must not bind a name that a later cell reads: tests run in the tester, so
-    such a name would not exist in the kernel when the later cell runs."""
+    """A test cell must not bind a name a later cell reads: it would exist only in the tester."""
     problems, tests = [], {}
     for c in source_nb.cells:
         m = c.metadata.get("nbgrader", {})
@@ -68,7 +58,6 @@ def authoring_problems(source_nb) -> list[str]:
     return problems
 
 
-# --- reading cells ------------------------------------------------------------------------
 def to_python(source: str) -> str:
     """IPython syntax (%magics, !shell) as plain Python."""
     from IPython.core.inputtransformer2 import TransformerManager
@@ -83,11 +72,8 @@ def _parse(source: str):
 
 
 def free_names(source: str) -> set[str] | None:
-    """The names a cell reads that it does not bind anywhere itself (assignments, loop and
-    comprehension variables, parameters, defs, imports): what it needs from earlier cells. None
-    when it does not parse."""
-    tree = _parse(source)
-    if tree is None:
+    """The names a cell reads that it binds nowhere itself; None when it does not parse."""
+    if (tree := _parse(source)) is None:
         return None
     read, bound = set(), set()
     for n in ast.walk(tree):
@@ -114,8 +100,7 @@ def defines_only(source: str) -> bool:
 
 
 def imported_names(source: str) -> set[str]:
-    """Top-level names a cell binds by importing: a test gets its modules from the lab's own
-    locked cells, never from the student's kernel."""
+    """Top-level names a cell binds by importing (a test's modules never come from the kernel)."""
     tree = _parse(source)
     return set() if tree is None else {
         (a.asname or a.name).split(".")[0] for node in tree.body

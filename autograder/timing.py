@@ -1,8 +1,5 @@
-"""Speed checks for test cells: `time_ratio` and `check_ratio`.
-
-Time is only ever graded as a ratio of two medians measured interleaved (see minillm/timing.py).
-In the tester, `_cpu_time_interleaved` counts the tester's CPU time and that of the student's
-kernel's whole sandbox, read from Linux (autograder/tester.py, autograder/sandbox_cpu.py).
+"""Speed checks for test cells: ratios of medians measured interleaved. In the tester
+`_cpu_time_interleaved` also counts the kernel's sandbox (autograder/tester.py).
 """
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ _cuda_is_available = torch.cuda.is_available
 
 
 def cuda_sync() -> None:
-    """torch.cuda.synchronize as it was when this module was imported (a no-op without CUDA);
-    pass `sync=autograder.cuda_sync` when timing GPU work."""
+    """torch.cuda.synchronize as imported (no-op without CUDA), for `sync=` on GPU work."""
     if _cuda_is_available():
         _cuda_synchronize()
 
@@ -47,18 +43,9 @@ class RatioResult:
 def time_ratio(baseline: Callable[[], object], candidate: Callable[[], object], *,
                warmup: int = 2, repeats: int = 7,
                sync: Callable[[], object] | None = None) -> RatioResult:
-    """How many times faster `candidate` is than `baseline`.
-
-    After `warmup` untimed rounds, runs baseline, candidate, baseline, candidate, ...
-    (`repeats` timed runs each), calling `sync` after each run inside the timing, and returns
-    median(baseline) / median(candidate) with both medians and the raw timings.
-
-    The clock: without `sync` (CPU work) each run is timed by this process's CPU time
-    (`time.process_time`, all threads), which a competing process cannot inflate by taking the
-    core away mid-run; with wall-clock time, CI once measured a median ratio of at least 1.5
-    between two *identical* functions under load. Sleeping or waiting costs no CPU time, so
-    time real work. With `sync` (GPU work) it is wall-clock time.
-    """
+    """median(baseline) / median(candidate) over `repeats` interleaved runs after `warmup`.
+    Without `sync`, CPU time (wall-clock under load once gave 1.5x between identical functions;
+    sleeping costs nothing); with `sync` (GPU work, called inside the timing), wall-clock."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     timer = _time_interleaved if sync is not None else _cpu_time_interleaved
@@ -71,9 +58,7 @@ def time_ratio(baseline: Callable[[], object], candidate: Callable[[], object], 
 
 def check_ratio(baseline: Callable[[], object], candidate: Callable[[], object], *,
                 at_least: float, what: str, **kw) -> RatioResult:
-    """`time_ratio(...)`, then AssertionError with the measured figures unless the candidate is
-    at least `at_least` times faster than the baseline. `what` names the claim, e.g.
-    "the cached loop vs the naive loop for 64 new tokens"."""
+    """`time_ratio(...)`; AssertionError naming `what` unless it is `at_least` times faster."""
     r = time_ratio(baseline, candidate, **kw)
     if not r.ratio >= at_least:
         raise AssertionError(

@@ -1,20 +1,6 @@
-"""The graded lab's own references, withheld from the student's kernel.
-
-A lab's source notebook declares the course definitions its student writes again
-(autograder/tester_plan.py, `withheld_of`):
-
-    "autograder": {"withheld": {"minillm.sampling:top_p_filter": "top_p_filter",
-                                "minillm.kvcache:KVCache": "StaticKVCache"}}
-
-`build(withheld, lab, dest)` writes a copy of the course packages (`minillm`, `kernels`) under
-`dest` in which each of those definitions is a stub: a function keeps its signature and
-docstring and raises NotImplementedError naming the lab and what the student writes; every
-method of a class does the same (its attributes and fields stay, so subclasses and type hints
-still work). Everything else is the course's code as it is; files that are not Python (the
-shipped checkpoints, and the corpus beside the package) are links to the installed ones. The grader's kernel imports the course
-from that copy, and in the sandbox the installed packages are not there at all
-(autograder/jobs.py), so delegating to the reference fails by construction, through any alias
-or import trick, and its source cannot be read in the kernel. Earlier labs' references stay.
+"""The graded lab's own references, withheld from the kernel (autograder/README.md): `build`
+writes a copy of the course packages in which each declared definition (every method of a
+class) raises NotImplementedError; non-Python files are links to the installed ones.
 """
 from __future__ import annotations
 
@@ -44,8 +30,7 @@ def message(target: str, lab: str, student_name: str) -> str:
 
 
 def build(withheld: dict[str, str], lab: str, dest: Path) -> tuple[Path, list[Path]]:
-    """Write the stubbed packages under `dest`; returns (`dest`, the installed folders the
-    copy links to, which a sandbox must show at their own path)."""
+    """Write the stubbed packages; returns (`dest`, the installed folders its links reach)."""
     by_module: dict[str, dict[str, str]] = {}
     for target, student_name in withheld.items():
         module, _, qualname = target.partition(":")
@@ -61,8 +46,7 @@ def build(withheld: dict[str, str], lab: str, dest: Path) -> tuple[Path, list[Pa
     if corpus.is_dir():
         os.symlink(corpus, Path(dest) / "data")
         links.append(corpus)
-    missing = set(by_module) - seen
-    if missing:
+    if missing := set(by_module) - seen:
         raise ValueError(f"withheld from modules that do not exist: {sorted(missing)}")
     compileall.compile_dir(str(dest), quiet=2, workers=1)
     return Path(dest), links
@@ -93,8 +77,7 @@ def stub_source(text: str, stubs: dict[str, str], module: str) -> str:
     tree = ast.parse(text)
     targets: list[tuple[ast.AST, str]] = []
     for qualname, msg in stubs.items():
-        node = _find(tree, qualname.split("."))
-        if node is None:
+        if (node := _find(tree, qualname.split("."))) is None:
             raise ValueError(f"withheld {module}:{qualname}: no such definition")
         if isinstance(node, ast.ClassDef):
             targets += [(f, msg) for f in node.body
@@ -103,7 +86,7 @@ def stub_source(text: str, stubs: dict[str, str], module: str) -> str:
             targets.append((node, msg))
     lines = text.splitlines(keepends=True)
     for node, msg in sorted(targets, key=lambda t: -t[0].lineno):
-        body = node.body[1:] if _has_docstring(node) else node.body
+        body = node.body[1:] if ast.get_docstring(node, clean=False) is not None else node.body
         if not body:
             continue
         first = body[0]
@@ -120,8 +103,3 @@ def _find(tree: ast.AST, parts: list[str]):
                 node.name == parts[0]:
             return node if len(parts) == 1 else _find(node, parts[1:])
     return None
-
-
-def _has_docstring(node) -> bool:
-    return bool(node.body) and isinstance(node.body[0], ast.Expr) and \
-        isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)
