@@ -62,11 +62,12 @@ def _answer(message: dict, blobs: list, namespace: dict, out: Codec) -> dict:
     args, kwargs = inputs.dec(message.get("args")), inputs.dec(message.get("kwargs"))
     if type(args) is not tuple or type(kwargs) is not dict:
         raise ProtocolError("malformed call")
-    before = [_snapshot(a) for a in args]
+    given = [*enumerate(args), *kwargs.items()]        # (position or keyword, argument)
+    before = [_snapshot(a) for _, a in given]
     result = fn(*args, **kwargs)
     body = {"ok": out.enc(result, where=f"what {what} returned")}
-    if changed := [[i, out.enc(a, where=f"argument {i + 1} after {what}")]
-                   for i, a in enumerate(args) if not _same(before[i], _snapshot(a))]:
+    if changed := [[key, out.enc(a, where=f"argument {key} after {what}")]
+                   for (key, a), b in zip(given, before) if not _same(b, _snapshot(a))]:
         body["changed"] = changed
     return body
 

@@ -62,11 +62,12 @@ class Kernel:
             raise cls(text) if cls is not None else StudentError(f"{str(name)[:80]}: {text}")
         got = Codec(blobs)
         value = got.dec(reply.get("ok"))
+        given = {**dict(enumerate(args)), **(kwargs or {})}    # position or keyword -> argument
         for change in reply.get("changed", []) if type(reply.get("changed")) is list else ():
-            if type(change) is not list or len(change) != 2 or type(change[0]) is not int \
-                    or not 0 <= change[0] < len(args):
+            if type(change) is not list or len(change) != 2 or type(change[0]) not in (int, str) \
+                    or change[0] not in given:
                 raise ProtocolError("a changed argument out of range")
-            _copy_into(args[change[0]], got.dec(change[1]))
+            _copy_into(given[change[0]], got.dec(change[1]))
         return value
 
     def lookup(self, name: str):

@@ -136,6 +136,8 @@ def test_a_call_runs_in_the_kernel_and_changes_come_back(across):
     S, z, log = torch.zeros(2), torch.ones(3), [{"n": 0}]
     assert ns["step"]((S, z), log) is None
     assert S.tolist() == [1.0, 1.0] and z.tolist() == [2.0] * 3 and log == [{"n": 1}]
+    assert ns["step"](state=(S, z), log=log) is None                 # by keyword too
+    assert S.tolist() == [2.0, 2.0] and log == [{"n": 2}]
     assert threads and all(t.name != "MainThread" for t in threads)
 
 

@@ -63,8 +63,10 @@ def test_speed_check_fails_on_the_counter_example_every_time(lab):
     assert all(v is False for _, v in results), f"{lab}: verdicts {results}"
 
 
-# lab 01's reference is `torch.stack(xs) @ w` itself: the course has no function to withhold
-@pytest.mark.parametrize("lab", sorted(set(CHECKS) - {"lab01"}))
+# lab 01's reference is `torch.stack(xs) @ w` itself: the course has no function to withhold;
+# lab 04's is QuantLinear, which the lab's own cells need in the kernel (autograder/README.md,
+# "Not guaranteed")
+@pytest.mark.parametrize("lab", sorted(set(CHECKS) - {"lab01", "lab04"}))
 def test_delegating_to_the_reference_fails_where_it_is_withheld(lab, tmp_path):
     """In a process that imports the course as the grading kernel does, the lab's references
     withheld, the library reference handed in as the candidate fails its lab's check."""

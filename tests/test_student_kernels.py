@@ -6,8 +6,11 @@
   the checks grade what a kernel computes, not how the course wrote it;
 * the classic mistakes fail with a message that names them: a store or load without a mask on
   the tail, a group index taken once per tile, the nibbles swapped, the scale forgotten;
-* so does anything that is not the student's Triton: a plain Python function, a @triton.jit
-  body that calls torch or reaches an interpreter handle, the course's own kernel;
+* a kernel is judged by what it writes: what its body looks like is not graded (in the CPU
+  interpreter a body is Python), anything but a Triton kernel is refused (`kernel[grid]` needs
+  one), and the course's kernels handed in fail on their own signatures;
+* as graded, the checks and the launchers run the student's kernel in the student's kernel only:
+  the tester sends seeds and sizes (or plain tensors) and reads back the fenced buffers;
 * the GPU speed check runs its whole path as a dry run on the CPU;
 * the tracer kernels behind the primer's picture (kernels/tiles.py) say which program did what.
 """
@@ -16,7 +19,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -33,6 +38,38 @@ NOTEBOOK = REPO / "labs" / "04_quantization" / "04_quantization.ipynb"
 KERNEL_CELLS = {"04_tri_silu": "silu_mul", "04_tri_rmsnorm": "rmsnorm", "04_tri_matvec": "matvec",
                 "04_gemv_w8": "w8a16_gemv", "04_gemv_w4": "w4a16_gemv"}
 HEADER = "import torch\nimport triton\nimport triton.language as tl\nimport kernels\n\n\n"
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """As graded: `serve(namespace)` serves `namespace` as the student's notebook from a thread
+    (autograder/kernel_side.py) over a real socket and returns the tester's view of each name (a
+    Triton kernel is a StudentFunction there); probes run on the serving side. `launches`: the
+    threads that launched a kernel (kernelcheck.launch)."""
+    from autograder import kernel_side, probes
+    from autograder.tester import Kernel
+    path = str(tmp_path / "tester.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    launches, real = [], kc.launch
+
+    def recorded(*args, **kwargs):
+        launches.append(threading.current_thread())
+        return real(*args, **kwargs)
+    monkeypatch.setattr(kc, "launch", recorded)
+
+    def serve(namespace: dict):
+        thread = threading.Thread(target=kernel_side.serve, args=(path, namespace), daemon=True)
+        thread.start()
+        conn, _ = listener.accept()
+        kernel = Kernel(conn)
+        monkeypatch.setattr(probes, "_CONNECTION", kernel)
+        return thread, {name: kernel.lookup(name) for name in namespace}
+    yield serve, launches
+    if probes._CONNECTION is not None:
+        probes._CONNECTION.done()
+    listener.close()
 
 
 def _import(path: Path, name: str):
@@ -179,58 +216,69 @@ MISTAKES = {
     "scale forgotten": ("w8a16_gemv", "(acc * s).to(", "(acc).to(", "differ"),
     "nibbles swapped": ("w4a16_gemv", "(ks % 2) * 4", "(1 - ks % 2) * 4", "differ"),
     "one group per tile": ("w4a16_gemv", "grp = ks // GROUP", "grp = k0 // GROUP", "differ"),
-    "torch inside the kernel": ("w4a16_gemv", "acc += tl.sum((q - z)", "torch.zeros(1)\n        acc += tl.sum((q - z)",
-                                "torch.zeros"),
-    "the interpreter's handle": ("matvec", "acc += tl.sum(w *", "w.handle\n        acc += tl.sum(w *", "handle"),
     "the course's kernel called": ("w8a16_gemv", "acc += tl.sum(q *",
-                                   "kernels.w8a16_matmul(x, q, s)\n        acc += tl.sum(q *", "kernels"),
+                                   "kernels.w8a16_matmul(x, q, s)\n        acc += tl.sum(q *", "Error"),
 }
+# what a kernel's body looks like is not graded: these compute the right values and pass (the
+# first two would not compile on a GPU, where the check then fails on its results)
+NOT_GRADED = {
+    "torch inside the kernel": ("w4a16_gemv", "acc += tl.sum((q - z)",
+                                "torch.zeros(1)\n        acc += tl.sum((q - z)"),
+    "the interpreter's handle": ("matvec", "acc += tl.sum(w *", "w.handle\n        acc += tl.sum(w *"),
+    "a course helper": ("w4a16_gemv", "q = ((byte >> ((ks % 2) * 4)[None, :]) & 0xF).to(tl.float32)",
+                        "q = _uint_to_f32((byte >> ((ks % 2) * 4)[None, :]) & 0xF)"),
+}
+
+
+def _variant(module_from, name: str, old: str, new: str):
+    src = _solution_source().replace(
+        "import kernels\n", "import kernels\nfrom kernels.dequant_matmul import _uint_to_f32\n")
+    assert src.count(old) == 1, old
+    return module_from(src.replace(old, new), re.sub(r"\W", "_", name))
 
 
 @pytest.mark.parametrize("mistake", list(MISTAKES))
 def test_classic_mistakes_fail_and_say_why(module_from, mistake):
     what, old, new, words = MISTAKES[mistake]
-    src = _solution_source()
-    assert src.count(old) == 1, old
-    bad = module_from(src.replace(old, new), re.sub(r"\W", "_", mistake))
-    with pytest.raises(AssertionError, match=re.escape(words)):
+    bad = _variant(module_from, mistake, old, new)
+    with pytest.raises(Exception, match=re.escape(words)):
         getattr(tri, f"check_{what}")(getattr(bad, f"{what}_kernel"))
 
 
-def test_what_is_not_the_students_triton_is_refused(solution):
+@pytest.mark.parametrize("variant", list(NOT_GRADED))
+def test_how_a_kernel_is_written_is_not_graded(module_from, variant):
+    what, old, new = NOT_GRADED[variant]
+    getattr(tri, f"check_{what}")(getattr(_variant(module_from, variant, old, new), f"{what}_kernel"))
+
+
+def test_only_a_triton_kernel_launches_and_the_courses_fail_on_their_signatures(solution):
     import kernels.dequant_matmul as dm
+    import kernels.gemv as gv
 
     def plain(x_ptr, q_ptr, s_ptr, y_ptr, N, K, sxm, sqn, sym, BLOCK_N, BLOCK_K):
         raise AssertionError("never launched")
-    with pytest.raises(AssertionError, match="must be a @triton.jit kernel"):
-        tri.check_w8a16_gemv(plain)
-    with pytest.raises(AssertionError, match="course's kernel"):
-        tri.check_w8a16_gemv(dm._w8a16_fma_kernel)
-    import kernels.gemv as gv  # the batch-1 kernels the fused ones call at M = 1
-    with pytest.raises(AssertionError, match="course's kernel"):
-        tri.check_w8a16_gemv(gv._gemv_w8_kernel)
-    # a new kernel object around the course's own Python function is still the course's kernel
-    with pytest.raises(AssertionError, match="course's kernel"):
-        tri.check_w8a16_gemv(triton.jit(gv._gemv_w8_kernel.fn))
-    with pytest.raises(AssertionError, match="must be a @triton.jit kernel"):
-        tri.check_matvec(solution.matvec_kernel.fn)
+    for not_a_kernel in (plain, solution.matvec_kernel.fn):
+        with pytest.raises(AssertionError, match="expected a @triton.jit kernel, got function"):
+            tri.check_w8a16_gemv(not_a_kernel)
+    for course in (dm._w8a16_fma_kernel, gv._gemv_w8_kernel, triton.jit(gv._gemv_w8_kernel.fn)):
+        with pytest.raises(TypeError, match="missing 9 required positional arguments"):
+            tri.check_w8a16_gemv(course)
 
 
-def test_course_kernels_are_off_inside_the_check_and_back_after():
-    import kernels as K
-    x, q, s = torch.randn(1, 32), torch.ones(8, 32, dtype=torch.int8), torch.ones(8)
-    before = K.w8a16_matmul_ref(x, q, s)
-    with kc.course_kernels_disabled():
-        with pytest.raises(AssertionError, match="disabled"):
-            K.w8a16_matmul_ref(x, q, s)
-    assert torch.equal(K.w8a16_matmul_ref(x, q, s), before)
-    import kernels.gemv as gv  # the batch-1 launchers are off too
-    y = torch.empty(8)
-    with kc.course_kernels_disabled():
-        with pytest.raises(AssertionError, match="disabled"):
-            gv.gemv_launch_w8(x[0], q, s, None, y)
-    gv.gemv_launch_w8(x[0], q, s, None, y)
-    assert torch.allclose(y, before[0])
+def test_what_runs_is_the_kernels_own_function(module_from):
+    """The code that runs is the @triton.jit function's: swapped for another kernel's, it fails;
+    Python attached to the kernel object (a pre-run hook, a replaced `run`) never runs."""
+    swapped = module_from(_solution_source(), "swapped")
+    swapped.matvec_kernel.fn.__code__ = module_from(OTHER, "other").silu_mul_kernel.fn.__code__
+    with pytest.raises(Exception):                  # silu's code, launched as a matvec: fails
+        tri.check_matvec(swapped.matvec_kernel)
+    hooked = module_from(_solution_source(), "hooked")
+
+    def hook(*args, **kwargs):
+        raise AssertionError("the hook ran")
+    hooked.silu_mul_kernel.add_pre_run_hook(hook)
+    hooked.silu_mul_kernel.run = hook
+    tri.check_silu_mul(hooked.silu_mul_kernel)
 
 
 @pytest.mark.parametrize("fmt", ["w8a16", "w4a16"])
@@ -243,16 +291,16 @@ def test_the_gpu_speed_check_runs_as_a_dry_run(solution, fmt):
     assert r["ratio_to_reference"] == pytest.approx(r["reference_s"] / r["student_s"])
 
 
-def test_the_speed_check_fails_below_its_thresholds(monkeypatch):
-    # as on a GPU (not a dry run), with the timings forced: 2x slower than the course, 5% of copy
-    fake = {"student_s": 2.0, "reference_s": 1.0, "student_GBps": 5.0, "copy_GBps": 100.0,
-            "fraction_of_copy": 0.05, "ratio_to_reference": 0.5, "dry_run": False}
-    monkeypatch.setattr(kc, "kernel_speed", lambda *a, **k: fake)
+def test_the_speed_check_fails_below_its_thresholds():
+    # as on a GPU (not a dry run): 2x slower than the course, 5% of copy
+    report = {"student_s": 2.0, "reference_s": 1.0, "student_GBps": 5.0, "copy_GBps": 100.0,
+              "fraction_of_copy": 0.05, "ratio_to_reference": 0.5, "dry_run": False}
     with pytest.raises(AssertionError, match="5% of a device copy"):
-        kc.check_kernel_speed(None, None, 1, what="w8a16", min_fraction_of_copy=0.1,
-                              min_ratio_to_reference=0.25)
-    assert kc.check_kernel_speed(None, None, 1, what="w8a16", min_fraction_of_copy=0.04,
-                                 min_ratio_to_reference=0.25) is fake
+        kc.require_speed(report, "w8a16", min_fraction_of_copy=0.1, min_ratio_to_reference=0.25)
+    assert kc.require_speed(report, "w8a16", min_fraction_of_copy=0.04,
+                            min_ratio_to_reference=0.25) is report
+    assert kc.require_speed({**report, "dry_run": True}, "w8a16", min_fraction_of_copy=0.1,
+                            min_ratio_to_reference=0.25)["dry_run"]
 
 
 def test_the_tracer_kernels_show_programs_masks_and_steps():
@@ -275,64 +323,27 @@ def test_launchers_refuse_bad_arguments(solution):
         tri.w8a16_gemv(solution.w8a16_gemv_kernel, torch.ones(1, 8), torch.ones(4, 8), torch.ones(4))
 
 
-def test_a_kernel_whose_code_is_not_its_source_or_leans_on_course_helpers_is_refused(module_from):
-    src = _solution_source()
-    swapped = module_from(src, "swapped")
-    other = module_from(OTHER, "other")
-    swapped.matvec_kernel.fn.__code__ = other.silu_mul_kernel.fn.__code__
-    with pytest.raises(AssertionError, match="source"):       # not its own code
-        tri.check_matvec(swapped.matvec_kernel)
-    old = "q = ((byte >> ((ks % 2) * 4)[None, :]) & 0xF).to(tl.float32)"
-    assert src.count(old) == 1
-    helper = module_from(src.replace("import kernels\n", "import kernels\nfrom kernels.dequant_matmul import _uint_to_f32\n")
-                         .replace(old, "q = _uint_to_f32((byte >> ((ks % 2) * 4)[None, :]) & 0xF)"),
-                         "course_helper")
-    with pytest.raises(AssertionError, match="course's kernel"):
-        tri.check_w4a16_gemv(helper.w4a16_gemv_kernel)
-
-
-def test_fake_triton_modules_and_attached_hooks_are_refused(module_from):
-    src = _solution_source()
-    # a module the notebook made and named like Triton, whose function claims to be Triton's
-    fake = module_from(src.replace("import kernels\n", "import kernels\nimport types as _t\n"
-                                   "tlx = _t.ModuleType('triton.language.extra_fast')\n"
-                                   "def _sum(x, axis=None):\n    return x.sum(axis)\n"
-                                   "_sum.__module__ = 'triton.language'\ntlx.sum = _sum\n")
-                       .replace("acc += tl.sum(w * x[None, :], axis=1)",
-                                "acc += tlx.sum(w * x[None, :], axis=1)"), "fake_triton")
-    with pytest.raises(AssertionError, match="not part of Triton"):
-        tri.check_matvec(fake.matvec_kernel)
-    # Python attached to the kernel object (a pre-run hook) would run at each launch: refused
-    hooked = module_from(src, "hooked")
-    hooked.silu_mul_kernel.add_pre_run_hook(lambda *a, **k: None)
-    with pytest.raises(AssertionError, match="pre-run hooks"):
-        tri.check_silu_mul(hooked.silu_mul_kernel)
-
-
-def test_the_checks_launch_the_students_kernel_in_its_kernel_only(across, solution, module_from):
-    """Labs 04 and 07 in the tester: a launcher handed a handle on the student's kernel runs
-    the launch on the student's side (kernelcheck.launch), each tensor crossing with its whole
-    buffer and its place in it, so a transposed view stays one and the NaN fences catch a
-    load or a store without a mask as they do in one process; nothing of the student's runs
-    on the tester's side."""
-    connect, threads = across
-    bad_store = module_from(_solution_source().replace(*MISTAKES["store without a mask"][1:3]),
-                            "across_store")
-    bad_load = module_from(_solution_source().replace(*MISTAKES["x loaded without the K mask"][1:3]),
-                           "across_load")
+def test_the_checks_launch_the_students_kernel_in_its_kernel_only(served, solution, module_from):
+    """Lab 04 in the tester: the checks and the launchers get the student's kernels as
+    StudentFunctions; every launch runs on the student's side, on inputs built there (strided
+    rows, a transposed matrix, NaN fences), and the fences still catch a load or a store without
+    a mask; a launcher's ValueError crosses as one."""
+    serve, launches = served
+    bad_store = _variant(module_from, "across_store", *MISTAKES["store without a mask"][1:3])
+    bad_load = _variant(module_from, "across_load", *MISTAKES["x loaded without the K mask"][1:3])
     names = {f"{w}_kernel": getattr(solution, f"{w}_kernel") for w in KERNEL_CELLS.values()}
-    names.update(bad_store=bad_store.silu_mul_kernel, bad_load=bad_load.matvec_kernel)
-    tester, server = connect(names)
-    handle = {name: tester.request("lookup", None, name) for name in names}
-    from autograder.remote import Remote
-    assert all(isinstance(h, Remote) for h in handle.values())
+    thread, handle = serve({**names, "bad_store": bad_store.silu_mul_kernel,
+                            "bad_load": bad_load.matvec_kernel})
+    assert all(type(h).__name__ == "StudentFunction" for h in handle.values())
     for what in KERNEL_CELLS.values():
         getattr(tri, f"check_{what}")(handle[f"{what}_kernel"])
-    Wt, x = torch.randn(96, 40).T, torch.randn(96)                     # strides (1, 40)
-    assert torch.allclose(tri.matvec(handle["matvec_kernel"], Wt, x, block_n=16, block_k=64),
-                          Wt @ x, atol=1e-4)
+    W, x = torch.randn(40, 96), torch.randn(96)
+    assert torch.allclose(tri.matvec(handle["matvec_kernel"], W, x, block_n=16, block_k=64),
+                          W @ x, atol=1e-4)
     with pytest.raises(AssertionError, match="wrote outside"):
         tri.check_silu_mul(handle["bad_store"])
     with pytest.raises(AssertionError, match="NaN in the output"):
         tri.check_matvec(handle["bad_load"])
-    assert threads and all(t is server for t in threads), "a launch ran in the tester"
+    with pytest.raises(ValueError, match="power of two"):
+        tri.silu_mul(handle["silu_mul_kernel"], torch.ones(4), torch.ones(4), block=24)
+    assert launches and all(t is thread for t in launches), "a launch ran in the tester"

@@ -1,8 +1,6 @@
-"""Lab 04's Triton kernels, written by the student: the launchers the notebook gives, the torch
-specs beside them, and the checks the hidden tests run.
-
-Five kernels, each launched here (trusted code) so that the grid, the strides and the block
-sizes are the check's choice, never the student's:
+"""Lab 04's Triton kernels, written by the student: the launchers the notebook calls, the torch
+specs beside them, and the checks its hidden tests run. Five kernels, each launched here (the
+grid, the strides and the block sizes are the launcher's choice, never the student's):
 
     silu_mul(kernel, g, u)                      elementwise, masked tail      out = silu(g) * u
     rmsnorm(kernel, x, w, eps)                  one program per row, rows longer than a block
@@ -10,193 +8,40 @@ sizes are the check's choice, never the student's:
     w8a16_gemv(kernel, x, qweight, scales)      int8 codes, a scale per output row
     w4a16_gemv(kernel, x, qweight, scales, zeros, G)   packed int4, scale + zero per group
 
-`check_<name>(kernel)` first requires a @triton.jit kernel written in the notebook that uses
-only Triton (autograder/labs/kernelcheck.py), computes the expected outputs with the torch
-spec, then runs the kernel with the course's kernel modules disabled on inputs fenced by NaN
-(an unmasked load past the end reads NaN, an unmasked store past the end is caught), at sizes
-that are not multiples of the blocks, several block sizes (groups that start inside a tile and
-tiles inside a group), one and several rows. On a GPU `check_gemv_speed` also times the two
-dequant kernels against the course's (`kernels.w8a16_matmul` / `w4a16_matmul`) at 4096 x 4096,
-batch 1, bf16; without one it runs as a dry run only where a test asks for it.
+The launchers are probes (autograder/probes.py): during a test they run in the student's kernel,
+the only place their Triton code runs. `check_<name>(kernel)` runs in the tester: for each of
+CASES (sizes off the blocks, groups inside a tile and tiles inside a group, one row and several,
+fp32 / bf16 / fp16, strided rows, a transposed matrix) the probe `fenced_run` builds the inputs
+from the case's seed inside NaN fences, launches the kernel into a fenced output and returns the
+whole buffer; the tester builds the same inputs, computes the spec and checks the values and
+the fences. On a GPU `check_gemv_speed` also times the two dequant kernels (in the kernel:
+`timed_gemv`) against the course's (here) at 4096 x 4096, batch 1, bf16.
 
     from autograder.labs import lab04_triton as tri
     tri.check_matvec(matvec_kernel)        # AssertionError naming what is wrong
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import assert_close, assert_close_shown
+from autograder.checks import assert_close
 from autograder.labs import kernelcheck as kc
-from autograder.remote import kernel_side
+from autograder.probes import probe
 from kernels.dequant_ref import w4a16_matmul_ref, w8a16_matmul_ref
 from kernels.formats import group_quantize_int4, pack_int4
-from kernels.intmath import cdiv as _cdiv
-
-try:
-    import triton
-except ImportError:                                       # pragma: no cover
-    triton = None
-
-__all__ = ["silu_mul", "rmsnorm", "matvec", "w8a16_gemv", "w4a16_gemv", "silu_mul_spec",
-           "rmsnorm_spec", "matvec_spec", "w8a16_gemv_spec", "w4a16_gemv_spec", "check_silu_mul",
-           "check_rmsnorm", "check_matvec", "check_w8a16_gemv", "check_w4a16_gemv",
-           "check_gemv_speed", "GPU_SPEED"]
+from kernels.intmath import cdiv
 
 # on a GPU: the student's kernel must reach these, at 4096 x 4096, batch 1, bf16 activations
 # (the course's kernels reach about 2x more of the copy bandwidth: benchmarks/RESULTS.md)
 GPU_SPEED = {"min_fraction_of_copy": 0.10, "min_ratio_to_reference": 0.25}
-_randn, _Generator = torch.randn, torch.Generator
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 
 
-def _pow2(name: str, v: int) -> None:
-    if not isinstance(v, int) or v < 1 or v & (v - 1):
-        raise ValueError(f"{name} must be a power of two (tl.arange needs one), got {v!r}")
-
-
-def _float(name: str, t) -> None:
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got "
-                         f"{getattr(t, 'dtype', type(t).__name__)}")
-
-
-# --- the launchers (what the notebook calls) ----------------------------------------------------
-def silu_mul(kernel, g: torch.Tensor, u: torch.Tensor, block: int = 64) -> torch.Tensor:
-    """out = silu(g) * u, elementwise, with `kernel[(cdiv(n, block),)](g, u, out, n,
-    BLOCK=block)`; g and u contiguous, same shape and dtype; out has their dtype."""
-    _float("g", g), _float("u", u), _pow2("block", block)
-    if g.shape != u.shape or g.dtype != u.dtype or not (g.is_contiguous() and u.is_contiguous()):
-        raise ValueError(f"g and u must be contiguous with one shape and dtype, got "
-                         f"{tuple(g.shape)} {g.dtype} and {tuple(u.shape)} {u.dtype}")
-    out = torch.empty_like(g)
-    return _silu_mul_into(kernel, g, u, out, block)
-
-
-def _silu_mul_into(kernel, g, u, out, block):
-    n = g.numel()
-    if n:
-        kc.launch(kernel, (_cdiv(n, block),), g, u, out, n, BLOCK=block)
-    return out
-
-
-def rmsnorm(kernel, x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5,
-            block: int = 32) -> torch.Tensor:
-    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one program per row:
-    `kernel[(R,)](x, w, out, C, x.stride(0), out.stride(0), eps, BLOCK=block)`;
-    x [R, C] with unit stride along C, w [C]."""
-    _float("x", x), _float("w", w), _pow2("block", block)
-    if x.dim() != 2 or x.stride(1) != 1 or tuple(w.shape) != (x.shape[1],):
-        raise ValueError(f"x must be [rows, C] with unit stride along C and w [C], got x "
-                         f"{tuple(x.shape)} strides {x.stride()} and w {tuple(w.shape)}")
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return _rmsnorm_into(kernel, x, w, out, eps, block)
-
-
-def _rmsnorm_into(kernel, x, w, out, eps, block):
-    if x.shape[0] and x.shape[1]:
-        kc.launch(kernel, (x.shape[0],), x, w, out, x.shape[1], x.stride(0), out.stride(0), eps,
-                  BLOCK=block)
-    return out
-
-
-def matvec(kernel, W: torch.Tensor, x: torch.Tensor, block_n: int = 16,
-           block_k: int = 32) -> torch.Tensor:
-    """y = W @ x for W [N, K] (any strides) and x [K] (contiguous), y [N] float32:
-    `kernel[(cdiv(N, block_n),)](W, x, y, N, K, W.stride(0), W.stride(1), BLOCK_N=block_n,
-    BLOCK_K=block_k)`."""
-    _float("W", W), _float("x", x), _pow2("block_n", block_n), _pow2("block_k", block_k)
-    if W.dim() != 2 or x.dim() != 1 or W.shape[1] != x.shape[0] or not x.is_contiguous():
-        raise ValueError(f"expected W [N, K] and a contiguous x [K], got {tuple(W.shape)} and "
-                         f"{tuple(x.shape)}")
-    y = torch.empty(W.shape[0], dtype=torch.float32, device=W.device)
-    return _matvec_into(kernel, W, x, y, block_n, block_k)
-
-
-def _matvec_into(kernel, W, x, y, block_n, block_k):
-    N, K = W.shape
-    if N and K:
-        kc.launch(kernel, (_cdiv(N, block_n),), W, x, y, N, K, W.stride(0), W.stride(1),
-                  BLOCK_N=block_n, BLOCK_K=block_k)
-    return y
-
-
-def _gemv_args(x, qweight, n_cols_per_byte):
-    _float("x", x)
-    if x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError(f"x must be [M, K] with unit stride along K, got {tuple(x.shape)} "
-                         f"strides {x.stride()}")
-    if qweight.dim() != 2 or qweight.stride(1) != 1 or \
-            qweight.shape[1] * n_cols_per_byte != x.shape[1]:
-        raise ValueError(f"qweight must be [N, K{' // 2' if n_cols_per_byte == 2 else ''}] with "
-                         f"unit stride along K, got {tuple(qweight.shape)} for x "
-                         f"{tuple(x.shape)}")
-    return x.shape[0], qweight.shape[0], x.shape[1]
-
-
-def w8a16_gemv(kernel, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-               block_n: int = 16, block_k: int = 32) -> torch.Tensor:
-    """y = x @ (qweight * scales[:, None]).T, y [M, N] in x's dtype: one program per block of
-    outputs and row of x, `kernel[(cdiv(N, block_n), M)](x, qweight, scales, y, N, K,
-    x.stride(0), qweight.stride(0), y.stride(0), BLOCK_N=block_n, BLOCK_K=block_k)`."""
-    if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.int8:
-        raise ValueError(f"qweight must be int8, got {getattr(qweight, 'dtype', qweight)}")
-    M, N, K = _gemv_args(x, qweight, 1)
-    _pow2("block_n", block_n), _pow2("block_k", block_k)
-    if tuple(scales.shape) != (N,):
-        raise ValueError(f"scales must be [N] = [{N}], got {tuple(scales.shape)}")
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    return _w8_into(kernel, x, qweight, scales, y, block_n, block_k)
-
-
-def _w8_into(kernel, x, qweight, scales, y, block_n, block_k):
-    M, K = x.shape
-    N = qweight.shape[0]
-    if M and N:
-        kc.launch(kernel, (_cdiv(N, block_n), M), x, qweight, scales, y, N, K, x.stride(0),
-                  qweight.stride(0), y.stride(0), BLOCK_N=block_n, BLOCK_K=block_k)
-    return y
-
-
-def w4a16_gemv(kernel, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-               zeros: torch.Tensor, group_size: int, block_n: int = 16,
-               block_k: int = 32) -> torch.Tensor:
-    """y = x @ W.T, W[n, k] = (q[n, k] - zeros[n, k // G]) * scales[n, k // G], q the packed
-    nibbles (byte j of a row: low nibble k = 2j, high nibble k = 2j + 1); y [M, N] in x's
-    dtype: `kernel[(cdiv(N, block_n), M)](x, qweight, scales, zeros, y, N, K, x.stride(0),
-    qweight.stride(0), scales.stride(0), y.stride(0), GROUP=group_size, BLOCK_N=block_n,
-    BLOCK_K=block_k)` (scales and zeros share their strides)."""
-    if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.uint8:
-        raise ValueError(f"qweight must be uint8 packed nibbles, got "
-                         f"{getattr(qweight, 'dtype', qweight)}")
-    M, N, K = _gemv_args(x, qweight, 2)
-    _pow2("block_n", block_n), _pow2("block_k", block_k), _pow2("group_size", group_size)
-    if K % group_size:
-        raise ValueError(f"K = {K} must be a multiple of group_size = {group_size}")
-    for name, t in (("scales", scales), ("zeros", zeros)):
-        if tuple(t.shape) != (N, K // group_size):
-            raise ValueError(f"{name} must be [N, K // G] = [{N}, {K // group_size}], got "
-                             f"{tuple(t.shape)}")
-    if scales.stride() != zeros.stride():
-        raise ValueError(f"scales and zeros must share strides, got {scales.stride()} and "
-                         f"{zeros.stride()}")
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    return _w4_into(kernel, x, qweight, scales, zeros, group_size, y, block_n, block_k)
-
-
-def _w4_into(kernel, x, qweight, scales, zeros, group_size, y, block_n, block_k):
-    M, K = x.shape
-    N = qweight.shape[0]
-    if M and N:
-        kc.launch(kernel, (_cdiv(N, block_n), M), x, qweight, scales, zeros, y, N, K,
-                  x.stride(0), qweight.stride(0), scales.stride(0), y.stride(0),
-                  GROUP=group_size, BLOCK_N=block_n, BLOCK_K=block_k)
-    return y
-
-
-# --- the torch specs (same arguments, minus the kernel) -----------------------------------------
+# --- the torch specs (the launchers' arguments, minus the kernel) -------------------------------
 def silu_mul_spec(g, u):
     return (F.silu(g.float()) * u.float()).to(g.dtype)
 
@@ -213,156 +58,281 @@ def matvec_spec(W, x):
 # the dequant GEMVs' specs are the course's torch references (float32 product, x's dtype)
 w8a16_gemv_spec = w8a16_matmul_ref
 w4a16_gemv_spec = w4a16_matmul_ref
+SPECS = {"silu_mul": silu_mul_spec, "rmsnorm": rmsnorm_spec, "matvec": matvec_spec,
+         "w8a16_gemv": w8a16_gemv_spec, "w4a16_gemv": w4a16_gemv_spec}
 
 
-# --- the checks -----------------------------------------------------------------------------------
-def _fenced_out(shape, dtype):
-    return kc.nan_padded(torch.zeros(shape, dtype=dtype))
+# --- launching (in the student's kernel) ---------------------------------------------------------
+def _validate(what: str, ins: list, c: dict) -> None:
+    """ValueError unless the inputs are what `what`'s kernel reads (the launcher's docstring)."""
+    for name in ("block", "block_n", "block_k", "group_size"):
+        if name in c and (not isinstance(c[name], int) or c[name] < 1 or c[name] & (c[name] - 1)):
+            raise ValueError(f"{name} must be a power of two (tl.arange needs one), got "
+                             f"{c[name]!r}")
+    x, shapes = ins[0], [tuple(t.shape) for t in ins]
+    if not x.is_floating_point():
+        raise ValueError(f"the first tensor must be floating-point, got {x.dtype}")
+    if what == "silu_mul" and (shapes[0] != shapes[1] or x.dtype != ins[1].dtype or
+                               not x.is_contiguous() or not ins[1].is_contiguous()):
+        raise ValueError(f"g and u must be contiguous with one shape and dtype, got {shapes}")
+    if what == "rmsnorm" and (x.dim() != 2 or x.stride(1) != 1 or shapes[1] != x.shape[1:]):
+        raise ValueError(f"x must be [rows, C] with unit stride along C and w [C], got {shapes} "
+                         f"(x's strides {x.stride()})")
+    if what == "matvec" and (x.dim() != 2 or ins[1].dim() != 1 or x.shape[1] != len(ins[1])
+                             or not ins[1].is_contiguous()):
+        raise ValueError(f"expected W [N, K] and a contiguous x [K], got {shapes}")
+    if what.endswith("_gemv"):
+        q, w4 = ins[1], what == "w4a16_gemv"
+        if q.dtype != (torch.uint8 if w4 else torch.int8):
+            raise ValueError(f"qweight must be {'uint8 packed nibbles' if w4 else 'int8'}, got "
+                             f"{q.dtype}")
+        if x.dim() != 2 or x.stride(1) != 1 or q.dim() != 2 or q.stride(1) != 1 or \
+                q.shape[1] * (2 if w4 else 1) != x.shape[1]:
+            raise ValueError(f"x must be [M, K] and qweight [N, K{' // 2' if w4 else ''}], both "
+                             f"with unit stride along K, got {shapes}")
+        if w4 and x.shape[1] % c["group_size"]:
+            raise ValueError(f"K = {x.shape[1]} must be a multiple of group_size = "
+                             f"{c['group_size']}")
+        want = (q.shape[0], x.shape[1] // c["group_size"]) if w4 else (q.shape[0],)
+        if any(shape != want for shape in shapes[2:]) or (w4 and ins[2].stride() !=
+                                                         ins[3].stride()):
+            raise ValueError(f"scales{' and zeros' if w4 else ''} must be {list(want)}"
+                             f"{' with one set of strides' if w4 else ''}, got {shapes[2:]}")
 
 
-def _compare(got, want, buf, name, what, tol):
-    kc.assert_padding_untouched(buf, got, f"{name} ({what})")
-    if bool(torch.isnan(got).any()):
-        raise AssertionError(f"{name} ({what}): NaN in the output. The inputs are fenced by NaN, "
-                             f"so a load past the end of a tensor without a mask reads NaN "
-                             f"(the Triton interpreter does not fault on it; a GPU might, or "
-                             f"read garbage)")
-    assert_close_shown(got.float(), want.float(), atol=tol, rtol=tol, name=f"{name} ({what})")
+def _output(what: str, ins: list) -> tuple[tuple, torch.dtype]:
+    if what == "matvec":
+        return (ins[0].shape[0],), F32
+    if what.endswith("_gemv"):
+        return (ins[0].shape[0], ins[1].shape[0]), ins[0].dtype
+    return tuple(ins[0].shape), ins[0].dtype
 
 
-def _tol(dtype):
-    return 1e-4 if dtype == torch.float32 else 2e-2
+def _launch(what: str, kernel, ins: list, out: torch.Tensor, c: dict) -> None:
+    """`what`'s kernel on `ins` into `out`, with the grid and the arguments its docstring says."""
+    x = ins[0]
+    if what == "silu_mul" and x.numel():
+        kc.launch(kernel, (cdiv(x.numel(), c["block"]),), *ins, out, x.numel(), BLOCK=c["block"])
+    elif what == "rmsnorm" and x.numel():
+        kc.launch(kernel, (x.shape[0],), *ins, out, x.shape[1], x.stride(0), out.stride(0),
+                  c["eps"], BLOCK=c["block"])
+    elif what == "matvec" and x.numel():
+        kc.launch(kernel, (cdiv(x.shape[0], c["block_n"]),), *ins, out, *x.shape, *x.stride(),
+                  BLOCK_N=c["block_n"], BLOCK_K=c["block_k"])
+    elif what.endswith("_gemv") and x.shape[0] and ins[1].shape[0]:
+        (M, K), N = x.shape, ins[1].shape[0]
+        strides = (x.stride(0), ins[1].stride(0)) + ((ins[2].stride(0),) if len(ins) == 4
+                                                      else ())
+        kc.launch(kernel, (cdiv(N, c["block_n"]), M), *ins, out, N, K, *strides, out.stride(0),
+                  BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
+                  **({"GROUP": c["group_size"]} if len(ins) == 4 else {}))
 
 
-def check_silu_mul(kernel, name: str = "silu_mul_kernel") -> None:
-    kc.assert_triton_kernel(kernel, name)
-    gen = _Generator().manual_seed(4201)
-    for n, block, dtype in [(1, 16, torch.float32), (100, 32, torch.float32),
-                            (256, 64, torch.float32), (1000, 128, torch.bfloat16),
-                            (37, 64, torch.float16)]:
-        g, u = (_randn(n, generator=gen) * 4).to(dtype), _randn(n, generator=gen).to(dtype)
-        want = silu_mul_spec(g, u)
-        (gv, _), (uv, _) = kc.nan_padded(g), kc.nan_padded(u)
-        out, buf = _fenced_out((n,), dtype)
-        with kc.course_kernels_disabled():
-            _silu_mul_into(kernel, gv, uv, out, block)
-        _compare(out, want, buf, name, f"n={n}, BLOCK={block}, {dtype}", _tol(dtype))
+def _run(what: str, kernel, ins: list, **c):
+    _validate(what, ins, c)
+    ins, home = kc.placed(*ins)
+    shape, dtype = _output(what, ins)
+    out = torch.empty(shape, dtype=dtype, device=ins[0].device)
+    _launch(what, kernel, ins, out, c)
+    return out.to(home)
 
 
-def check_rmsnorm(kernel, name: str = "rmsnorm_kernel") -> None:
-    kc.assert_triton_kernel(kernel, name)
-    gen = _Generator().manual_seed(4202)
-    for R, C, block, dtype in [(1, 8, 8, torch.float32), (3, 100, 32, torch.float32),
-                               (2, 64, 16, torch.float32), (4, 200, 64, torch.bfloat16),
-                               (2, 33, 128, torch.float32)]:
-        wide = _randn(R, C + 7, generator=gen) * 3
+@probe
+def silu_mul(kernel, g, u, block: int = 64):
+    """out = silu(g) * u, elementwise, with `kernel[(cdiv(n, block),)](g, u, out, n,
+    BLOCK=block)`; g and u contiguous, same shape and dtype; out has their dtype."""
+    return _run("silu_mul", kernel, [g, u], block=block)
+
+
+@probe
+def rmsnorm(kernel, x, w, eps: float = 1e-5, block: int = 32):
+    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one program per row:
+    `kernel[(R,)](x, w, out, C, x.stride(0), out.stride(0), eps, BLOCK=block)`;
+    x [R, C] with unit stride along C, w [C]."""
+    return _run("rmsnorm", kernel, [x, w], eps=eps, block=block)
+
+
+@probe
+def matvec(kernel, W, x, block_n: int = 16, block_k: int = 32):
+    """y = W @ x for W [N, K] (any strides) and x [K] (contiguous), y [N] float32:
+    `kernel[(cdiv(N, block_n),)](W, x, y, N, K, W.stride(0), W.stride(1), BLOCK_N=block_n,
+    BLOCK_K=block_k)`."""
+    return _run("matvec", kernel, [W, x], block_n=block_n, block_k=block_k)
+
+
+@probe
+def w8a16_gemv(kernel, x, qweight, scales, block_n: int = 16, block_k: int = 32):
+    """y = x @ (qweight * scales[:, None]).T, y [M, N] in x's dtype: one program per block of
+    outputs and row of x, `kernel[(cdiv(N, block_n), M)](x, qweight, scales, y, N, K,
+    x.stride(0), qweight.stride(0), y.stride(0), BLOCK_N=block_n, BLOCK_K=block_k)`."""
+    return _run("w8a16_gemv", kernel, [x, qweight, scales], block_n=block_n, block_k=block_k)
+
+
+@probe
+def w4a16_gemv(kernel, x, qweight, scales, zeros, group_size: int, block_n: int = 16,
+               block_k: int = 32):
+    """y = x @ W.T, W[n, k] = (q[n, k] - zeros[n, k // G]) * scales[n, k // G], q the packed
+    nibbles (byte j of a row: low nibble k = 2j, high nibble k = 2j + 1); y [M, N] in x's
+    dtype: `kernel[(cdiv(N, block_n), M)](x, qweight, scales, zeros, y, N, K, x.stride(0),
+    qweight.stride(0), scales.stride(0), y.stride(0), GROUP=group_size, BLOCK_N=block_n,
+    BLOCK_K=block_k)` (scales and zeros share their strides)."""
+    return _run("w4a16_gemv", kernel, [x, qweight, scales, zeros], group_size=group_size,
+                block_n=block_n, block_k=block_k)
+
+
+# --- the checks ----------------------------------------------------------------------------------
+def _cases(keys: str, rows: list) -> list[dict]:
+    return [dict(zip(keys.split(), row)) for row in rows]
+
+
+# N and K off the tiles, groups inside a tile (G < BLOCK_K) and tiles inside a group (G >
+# BLOCK_K), one row and several; rows of rmsnorm and gemv's x lie `stride` apart, NaN between
+_GEMV = _cases("M N K group_size block_n block_k dtype", [
+    (1, 40, 96, 32, 16, 64, F32), (3, 40, 96, 32, 16, 32, F32), (2, 17, 128, 64, 8, 32, F32),
+    (1, 24, 160, 16, 16, 64, BF16), (4, 9, 64, 64, 16, 128, F16)])
+CASES = {
+    "silu_mul": _cases("n block dtype", [(1, 16, F32), (100, 32, F32), (256, 64, F32),
+                                         (1000, 128, BF16), (37, 64, F16)]),
+    "rmsnorm": _cases("rows cols stride block dtype eps", [
+        (1, 8, 15, 8, F32, 1e-5), (3, 100, 107, 32, F32, 1e-5), (2, 64, 71, 16, F32, 1e-5),
+        (4, 200, 207, 64, BF16, 1e-5), (2, 33, 40, 128, F32, 1e-5)]),
+    "matvec": _cases("N K block_n block_k transposed", [
+        (1, 1, 16, 16, False), (40, 96, 16, 32, False), (33, 70, 8, 64, False),
+        (64, 128, 16, 32, True), (17, 300, 32, 128, False)]),
+    "w8a16_gemv": [{k: v for k, v in c.items() if k != "group_size"} for c in _GEMV],
+    "w4a16_gemv": _GEMV,
+}
+SEEDS = {"silu_mul": 4201, "rmsnorm": 4202, "matvec": 4203, "w8a16_gemv": 4204,
+         "w4a16_gemv": 4205}
+
+
+def case_inputs(what: str, c: dict, seed: int, fence: bool = False) -> list[torch.Tensor]:
+    """The inputs of a case, drawn from `seed` (the same on both sides). fence=True: on the
+    kernels' device, each inside a NaN fence (integers: their largest value); strided rows keep
+    NaN between them either way."""
+    g = torch.Generator().manual_seed(seed)
+    dt = c.get("dtype", F32)
+
+    def put(t):
+        return kc.nan_padded(t.to(kc.device()))[0] if fence else t
+
+    def rows(R, C, stride, scale=1.0):             # [R, C], rows `stride` apart, NaN between
+        wide = torch.randn(R, stride, generator=g) * scale
         wide[:, C:] = math.nan
-        x = wide.to(dtype)[:, :C]                         # rows with a stride wider than C
-        w = (1 + _randn(C, generator=gen)).to(dtype)
-        want = rmsnorm_spec(x, w, 1e-5)
-        wv, _ = kc.nan_padded(w)
-        out, buf = _fenced_out((R, C), dtype)
-        with kc.course_kernels_disabled():
-            _rmsnorm_into(kernel, x, wv, out, 1e-5, block)
-        _compare(out, want, buf, name, f"{R} rows of {C}, row stride {x.stride(0)}, "
-                 f"BLOCK={block}, {dtype}", _tol(dtype))
+        return put(wide.to(dt))[:, :C]
+
+    if what == "silu_mul":
+        return [put((torch.randn(c["n"], generator=g) * 4).to(dt)),
+                put(torch.randn(c["n"], generator=g).to(dt))]
+    if what == "rmsnorm":
+        return [rows(c["rows"], c["cols"], c["stride"], 3.0),
+                put((1 + torch.randn(c["cols"], generator=g)).to(dt))]
+    if what == "matvec":
+        N, K = c["N"], c["K"]
+        W = put(torch.randn(K, N, generator=g)).T if c["transposed"] else \
+            put(torch.randn(N, K, generator=g))
+        return [W, put(torch.randn(K, generator=g))]
+    N, K = c["N"], c["K"]
+    if what == "w8a16_gemv":
+        q = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+        s = torch.rand(N, generator=g) / 64 + 1e-3
+        return [rows(c["M"], K, K + 6), put(q), put(s)]
+    codes, s, z = group_quantize_int4(torch.randn(N, K, generator=g), c["group_size"])
+    sz = put(torch.stack([s, z]))                 # scales and zeros share their strides
+    return [rows(c["M"], K, K + 6), put(pack_int4(codes)), sz[0], sz[1]]
 
 
-def check_matvec(kernel, name: str = "matvec_kernel") -> None:
-    kc.assert_triton_kernel(kernel, name)
-    gen = _Generator().manual_seed(4203)
-    for N, K, bn, bk, transposed in [(1, 1, 16, 16, False), (40, 96, 16, 32, False),
-                                     (33, 70, 8, 64, False), (64, 128, 16, 32, True),
-                                     (17, 300, 32, 128, False)]:
-        W = _randn(K, N, generator=gen).T if transposed else _randn(N, K, generator=gen)
-        x = _randn(K, generator=gen)
-        want = matvec_spec(W, x)
-        if not transposed:
-            W, _ = kc.nan_padded(W)
-        xv, _ = kc.nan_padded(x)
-        out, buf = _fenced_out((N,), torch.float32)
-        with kc.course_kernels_disabled():
-            _matvec_into(kernel, W, xv, out, bn, bk)
-        _compare(out, want, buf, name, f"W {N}x{K} strides {W.stride()}, BLOCK_N={bn}, "
-                 f"BLOCK_K={bk}", 1e-4)
+@probe
+def fenced_run(what: str, kernel, case: dict, seed: int) -> torch.Tensor:
+    """(In the student's kernel) `kernel` launched as `what`'s launcher does on the case's
+    fenced inputs (case_inputs), into an output inside a NaN fence: the whole output buffer."""
+    ins = case_inputs(what, case, seed, fence=True)
+    shape, dtype = _output(what, ins)
+    out, buffer = kc.nan_padded(torch.zeros(shape, dtype=dtype, device=ins[0].device))
+    _launch(what, kernel, ins, out, case)
+    return buffer.cpu()
 
 
-def _gemv_cases():
-    # (M, N, K, G, block_n, block_k, dtype): N and K off the tiles, groups inside a tile
-    # (G < BLOCK_K) and tiles inside a group (G > BLOCK_K), one row and several
-    return [(1, 40, 96, 32, 16, 64, torch.float32), (3, 40, 96, 32, 16, 32, torch.float32),
-            (2, 17, 128, 64, 8, 32, torch.float32), (1, 24, 160, 16, 16, 64, torch.bfloat16),
-            (4, 9, 64, 64, 16, 128, torch.float16)]
+def _describe(what: str, c: dict) -> str:
+    return ", ".join(f"{k}={str(v).replace('torch.', '')}" for k, v in c.items())
 
 
-def _gemv_x(M, K, dtype, gen):
-    wide = _randn(M, K + 6, generator=gen)
-    wide[:, K:] = math.nan
-    return wide.to(dtype)[:, :K]                          # row stride K + 6, NaN past K
+def check_case(what: str, kernel, case: dict, seed: int, name: str | None = None) -> None:
+    """(In the tester) one case: AssertionError naming the likely mistake unless the kernel
+    writes the spec's values into its output and nothing around it."""
+    name = f"{name or what + '_kernel'} ({_describe(what, case)})"
+    ins = case_inputs(what, case, seed)
+    extra = {"rmsnorm": ("eps",), "w4a16_gemv": ("group_size",)}.get(what, ())
+    want = SPECS[what](*ins, *(case[k] for k in extra))
+    got = kc.unfenced(fenced_run(what, kernel, case, seed), want.shape, name)
+    if bool(torch.isnan(got).any()):
+        raise AssertionError(f"{name}: NaN in the output. The inputs are fenced by NaN, so a "
+                             f"load past the end of a tensor without a mask reads NaN (the Triton "
+                             f"interpreter does not fault on it; a GPU might, or read garbage)")
+    tol = 1e-4 if case.get("dtype", F32) == F32 else 2e-2
+    assert_close(got.float(), want.float(), atol=tol, rtol=tol, name=name)
 
 
-def check_w8a16_gemv(kernel, name: str = "w8a16_gemv_kernel") -> None:
-    kc.assert_triton_kernel(kernel, name)
-    gen = _Generator().manual_seed(4204)
-    for M, N, K, _, bn, bk, dtype in _gemv_cases():
-        q = torch.randint(-127, 128, (N, K), generator=gen, dtype=torch.int8)
-        s = torch.rand(N, generator=gen) / 64 + 1e-3
-        x = _gemv_x(M, K, dtype, gen)
-        want = w8a16_gemv_spec(x, q, s)
-        qv, _ = kc.nan_padded(q)
-        sv, _ = kc.nan_padded(s)
-        out, buf = _fenced_out((M, N), dtype)
-        with kc.course_kernels_disabled():
-            _w8_into(kernel, x, qv, sv, out, bn, bk)
-        _compare(out, want, buf, name, f"M={M}, N={N}, K={K}, BLOCK_N={bn}, BLOCK_K={bk}, "
-                 f"{dtype}", _tol(dtype))
+def check(what: str, kernel, name: str | None = None) -> None:
+    """Every case of CASES[what], each with its own seed."""
+    for i, case in enumerate(CASES[what]):
+        check_case(what, kernel, case, SEEDS[what] + i, name)
 
 
-def check_w4a16_gemv(kernel, name: str = "w4a16_gemv_kernel") -> None:
-    kc.assert_triton_kernel(kernel, name)
-    gen = _Generator().manual_seed(4205)
-    for M, N, K, G, bn, bk, dtype in _gemv_cases():
-        codes, s, z = group_quantize_int4(_randn(N, K, generator=gen), G)
-        q = pack_int4(codes)
-        x = _gemv_x(M, K, dtype, gen)
-        want = w4a16_gemv_spec(x, q, s, z, G)
-        qv, _ = kc.nan_padded(q)
-        sz = kc.nan_padded(torch.stack([s, z]))[0]         # scales and zeros share strides
-        out, buf = _fenced_out((M, N), dtype)
-        with kc.course_kernels_disabled():
-            _w4_into(kernel, x, qv, sz[0], sz[1], G, out, bn, bk)
-        _compare(out, want, buf, name, f"M={M}, N={N}, K={K}, G={G}, BLOCK_N={bn}, "
-                 f"BLOCK_K={bk}, {dtype}", _tol(dtype))
+check_silu_mul, check_rmsnorm, check_matvec, check_w8a16_gemv, check_w4a16_gemv = (
+    functools.partial(check, what) for what in CASES)      # the hidden tests' calls
 
 
-@kernel_side            # times the student's kernel where it lives (autograder/remote.py)
+# --- speed on a GPU --------------------------------------------------------------------------------
+def _speed_inputs(fmt: str, N: int, K: int, group_size: int, dev: str):
+    """(x, codes, scales[, zeros]) of a random [N, K] layer at batch 1, bf16 activations, and
+    the bytes one product must move (codes, scales, x in, y out)."""
+    import kernels
+    g = torch.Generator().manual_seed(4206)
+    w = torch.randn(N, K, generator=g) / K ** 0.5
+    x = torch.randn(1, K, generator=g).to(BF16)
+    weight = kernels.quantize_w8(w) if fmt == "w8a16" else kernels.quantize_w4(w, group_size)
+    ins = [t.to(dev) for t in (x, *weight)]
+    return ins, sum(t.nbytes for t in ins) + 2 * N
+
+
+@probe
+def timed_gemv(fmt: str, kernel, N: int, K: int, group_size: int, *, dry_run: bool = False,
+               warmup: int = 5, repeats: int = 30) -> dict:
+    """(In the student's kernel) their "w8a16" or "w4a16" kernel at M = 1 on _speed_inputs:
+    {"y": its output, "seconds": median seconds per launch (kernelcheck.seconds_per_call)}."""
+    ins, _ = _speed_inputs(fmt, N, K, group_size, "cpu" if dry_run else "cuda")
+    c = {"block_n": 16, "block_k": 64 if dry_run else 256, "group_size": group_size}
+    y = torch.empty(1, N, dtype=BF16, device=ins[0].device)
+
+    def run():
+        _launch(f"{fmt}_gemv", kernel, ins, y, c)
+    run()
+    return {"y": y.cpu(), "seconds": kc.seconds_per_call(run, dry_run=dry_run, warmup=warmup,
+                                                         repeats=repeats)}
+
+
 def check_gemv_speed(fmt: str, kernel, *, dry_run: bool = False, N: int = 4096, K: int = 4096,
-                     group_size: int = 128, **kw) -> dict:
-    """On a GPU: the student's "w8a16" or "w4a16" kernel at M = 1, bf16 activations, timed
-    against the course's (`kernels.w8a16_matmul` / `w4a16_matmul`) and a device copy;
-    AssertionError below GPU_SPEED. dry_run=True runs the same path on the CPU (pass small N,
-    K) and asserts nothing. Returns kernelcheck.kernel_speed's report."""
+                     group_size: int = 128, warmup: int = 5, repeats: int = 30) -> dict:
+    """On a GPU: the student's "w8a16" or "w4a16" kernel at M = 1, bf16 activations, timed in
+    their kernel (`timed_gemv`) and checked against the course's (`kernels.w8a16_matmul` /
+    `w4a16_matmul`), timed here, and a device copy; AssertionError below GPU_SPEED. dry_run=True
+    runs the same path on the CPU (pass small N, K) and asserts nothing. Returns
+    kernelcheck.speed_report's report."""
     import kernels
     if fmt not in ("w8a16", "w4a16"):
         raise ValueError(f"fmt must be 'w8a16' or 'w4a16', got {fmt!r}")
-    kc.assert_triton_kernel(kernel, f"{fmt}_gemv_kernel")
-    dev = "cpu" if dry_run else "cuda"
-    gen = _Generator().manual_seed(4206)
-    w = _randn(N, K, generator=gen) / K ** 0.5
-    x = _randn(1, K, generator=gen).to(torch.bfloat16).to(dev)
-    bn, bk = (16, 256) if not dry_run else (16, 64)
+    ins, moved = _speed_inputs(fmt, N, K, group_size, "cpu" if dry_run else "cuda")
     if fmt == "w8a16":
-        q, s = (t.to(dev) for t in kernels.quantize_w8(w))
-        student = lambda: w8a16_gemv(kernel, x, q, s, bn, bk)              # noqa: E731
-        course = lambda: kernels.w8a16_matmul(x, q, s)                      # noqa: E731
-        weight_bytes = q.nbytes + s.nbytes
+        def course():
+            return kernels.w8a16_matmul(*ins)
     else:
-        q, s, z = (t.to(dev) for t in kernels.quantize_w4(w, group_size))
-        student = lambda: w4a16_gemv(kernel, x, q, s, z, group_size, bn, bk)  # noqa: E731
-        course = lambda: kernels.w4a16_matmul(x, q, s, z, group_size)          # noqa: E731
-        weight_bytes = q.nbytes + s.nbytes + z.nbytes
-    assert_close(student().float(), course().float(), atol=2e-2, rtol=2e-2,
+        def course():
+            return kernels.w4a16_matmul(*ins, group_size)
+    got = timed_gemv(fmt, kernel, N, K, group_size, dry_run=dry_run, warmup=warmup,
+                     repeats=repeats)
+    assert_close(got["y"].float(), course().float().cpu(), atol=2e-2, rtol=2e-2,
                  name=f"{fmt} kernel vs the course's, {N}x{K}")
-    moved = weight_bytes + x.nbytes + 2 * N                  # codes, scales, x in, y out
-    return kc.check_kernel_speed(student, course, moved, what=f"your {fmt} kernel",
-                                 dry_run=dry_run, **GPU_SPEED, **kw)
+    report = kc.speed_report(got["seconds"], kc.seconds_per_call(
+        course, dry_run=dry_run, warmup=warmup, repeats=repeats), moved, dry_run=dry_run)
+    return kc.require_speed(report, f"your {fmt} kernel", **GPU_SPEED)

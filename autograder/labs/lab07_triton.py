@@ -1,44 +1,31 @@
 """Lab 07's Triton kernels, written by the student: the launchers the notebook uses and the checks
 its hidden tests call (the torch paged decode's speed check is autograder/labs/lab07.py).
 
-The student's kernels (07_decode_kernel, 07_split_kernel) are run by the launchers here
-(`launch_decode`, `launch_split`: the grid, the tile sizes, the argument checks, the scratch;
-the kernel signature and the tensor layout are spelt out below) and graded by
-`check_decode_kernel` / `check_split_kernel`: the kernel must be the student's own Triton
-(`kernelcheck.assert_triton_kernel`; the launchers run `kernelcheck.fresh_kernel`, so nothing
-attached to the kernel object runs), and with the course's kernels off it must match the torch
-reference on DECODE_CASES / SPLIT_CASES: ragged lengths (1, and not multiples of the block or
-the tile), shuffled blocks, NaN in every slot no sequence owns and around every input and
-output, G = 1, 2, 4, fp32 / fp16 / bf16 caches, scores of 110-220 that overflow exp without the
-running max, empty splits. On a GPU they also time the kernel against the course's
-(`kernelcheck.check_kernel_speed`, KERNEL_SPEED); speed="dry_run" runs that path on the CPU.
+The launchers `launch_decode` and `launch_split` (grid, tile sizes, argument checks, scratch; the
+kernel signature and the tensor layout are spelt out below) are probes (autograder/probes.py):
+during a test they run in the student's kernel, the only place their Triton code runs. The
+checks run in the tester: for each of DECODE_CASES / SPLIT_CASES the probe `fenced_run` builds
+the case from its seed in the kernel (`kernel_case`: ragged lengths, shuffled blocks, NaN in
+every slot no sequence owns and around every input and output, G = 1, 2, 4, fp32 / fp16 / bf16,
+scores of 110-220 that overflow exp without the running max, empty splits), launches the kernel
+and returns the fenced output buffers; the tester builds the same case, computes the course's
+torch reference and names the likely mistake. On a GPU they also time the kernel in the kernel
+(`timed_kernel`) against the course's, timed here, and a device copy (KERNEL_SPEED).
 
     from autograder.labs import lab07_triton as tri
     tri.check_decode_kernel(paged_decode_kernel)        # {"cases": 4, "speed": None | report}
-    tri.check_split_kernel(paged_split_kernel)
 """
 from __future__ import annotations
 
 import torch
 
-from autograder.judge import evidence
-from autograder.labs import kernelcheck
-from autograder.remote import kernel_side
+from autograder.labs import kernelcheck as kc
+from autograder.probes import probe
 from kernels.intmath import cdiv
-from kernels.paged_attention_ref import paged_attention_decode_ref
+from kernels.paged_attention_ref import merge_splits, paged_attention_decode_ref
 from kernels.tiles import kernel_tiles, tokens_per_split
 from kernels.tiles import paged_tile_walk as tile_walk  # noqa: F401 (the notebook's tri.tile_walk)
 
-# captured at import (the grader imports autograder before student code runs)
-_Generator, _randn, _randperm = torch.Generator, torch.randn, torch.randperm
-
-# The notebook's kernel cells hold a @triton.jit function each; the launchers below (trusted: the
-# grid, the tile sizes, the argument checks, the scratch) run it, and the checks run it on cases
-# that make the classic mistakes visible. Everything a launcher or a check calls while the
-# student's kernel runs lives here, in kernelcheck or in kernels.intmath / kernels.tiles: the course's
-# kernel modules are off
-# then (kernelcheck.course_kernels_disabled).
-#
 # The layout the kernels see (every tensor contiguous; the launchers make it so):
 #   q, out        [B_seq, N, H]                 (b, n, h)    at (b * N + n) * H + h
 #   k, v caches   [num_blocks, block_size, K, H] (slot, kvh, h) at (slot * K + kvh) * H + h,
@@ -58,42 +45,47 @@ KERNEL_SPEED = {"min_fraction_of_copy": 0.2, "min_ratio_to_reference": 0.3}
 # solution on a GPU: autograder/README.md.)
 
 
-def _kernel_inputs(q, k_cache, v_cache, block_tables, context_lens, scale):
-    """Shape and dtype checks of a kernel launch (no value checks: no GPU sync). Returns
-    (B, N, K, H, block_size, max_blocks, scale)."""
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
-                    ("block_tables", block_tables), ("context_lens", context_lens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache and v_cache must both be [num_blocks, block_size, K, H], got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    _, block_size, K, H = k_cache.shape
-    if q.dim() != 3 or q.shape[2] != H or q.shape[1] % K:
-        raise ValueError(f"q must be [B_seq, N, H={H}] with N a multiple of K={K}, got "
-                         f"{tuple(q.shape)}")
+def _scale(q, k_cache, v_cache, block_tables, context_lens, scale) -> float:
+    """Shape and dtype checks of a launch (no value checks: no GPU sync); the scale."""
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or q.dim() != 3 or \
+            q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"expected q [B_seq, N, H] and caches [num_blocks, block_size, K, H], "
+                         f"N a multiple of K, got {tuple(q.shape)}, {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
     if not (q.dtype == k_cache.dtype == v_cache.dtype) or not q.dtype.is_floating_point:
         raise ValueError(f"q and the caches must share one float dtype, got {q.dtype}, "
                          f"{k_cache.dtype}, {v_cache.dtype}")
     B = q.shape[0]
-    if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or \
-            block_tables.shape[0] != B or block_tables.shape[1] < 1:
-        raise ValueError(f"block_tables must be int32 [B_seq={B}, max_blocks], got "
-                         f"{block_tables.dtype} {tuple(block_tables.shape)}")
-    if context_lens.dtype != torch.int32 or tuple(context_lens.shape) != (B,):
-        raise ValueError(f"context_lens must be int32 [B_seq={B}], got {context_lens.dtype} "
-                         f"{tuple(context_lens.shape)}")
-    devices = {t.device for t in (q, k_cache, v_cache, block_tables, context_lens)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    scale = H ** -0.5 if scale is None else float(scale)
-    return B, q.shape[1], K, H, block_size, block_tables.shape[1], scale
+    if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.shape[0] != B \
+            or context_lens.dtype != torch.int32 or tuple(context_lens.shape) != (B,):
+        raise ValueError(f"block_tables must be int32 [B_seq={B}, max_blocks] and context_lens "
+                         f"int32 [B_seq], got {block_tables.dtype} {tuple(block_tables.shape)} and "
+                         f"{context_lens.dtype} {tuple(context_lens.shape)}")
+    return q.shape[2] ** -0.5 if scale is None else float(scale)
 
 
-def _contiguous(*ts):
-    return [t if t.is_contiguous() else t.contiguous() for t in ts]
+def _paged(kernel, ins, scale=None, block_t=None, outs=None, splits=None) -> list:
+    """The decode kernel (splits None) or the split kernel on ins = (q, k_cache, v_cache,
+    block_tables, context_lens), into outs ([out] or [partials, lse]; allocated if None)."""
+    scale = _scale(*ins, scale)
+    q, k_cache, v_cache, tables, lens = (t.contiguous() for t in ins)
+    (B, N, H), (_, block_size, K, _) = q.shape, k_cache.shape
+    extra = () if splits is None else (tokens_per_split(tables.shape[1], block_size, splits),
+                                       splits)
+    want = [((B, N, H), q.dtype)] if splits is None else \
+        [((B, N, splits, H), torch.float32), ((B, N, splits), torch.float32)]
+    outs = outs or [torch.empty(shape, dtype=dtype, device=q.device) for shape, dtype in want]
+    for t, (shape, dtype) in zip(outs, want):
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"the outputs must be contiguous {[(s, str(d)) for s, d in want]}")
+    if B:
+        kc.launch(kernel, (B, K, *extra[1:]), q, k_cache, v_cache, tables, lens, *outs, scale, K,
+                  tables.shape[1], block_size, N // K, H, *extra,
+                  **kernel_tiles(N, K, H, block_t, cuda=q.is_cuda))
+    return outs
 
 
+@probe
 def launch_decode(kernel, q, k_cache, v_cache, block_tables, context_lens, scale=None, *,
                   out=None, block_t=None):
     """Run a decode kernel in the notebook's signature on grid (B_seq, K), one program per
@@ -104,24 +96,14 @@ def launch_decode(kernel, q, k_cache, v_cache, block_tables, context_lens, scale
                            BLOCK_T=..., BLOCK_G=..., BLOCK_H=...)
 
     Returns out [B_seq, N, H] in q's dtype (`out=`: a contiguous tensor to write into)."""
-    B, N, K, H, block_size, max_blocks, scale = _kernel_inputs(
-        q, k_cache, v_cache, block_tables, context_lens, scale)
-    q, k_cache, v_cache, block_tables, context_lens = _contiguous(
-        q, k_cache, v_cache, block_tables, context_lens)
-    if out is None:
-        out = torch.empty_like(q)
-    elif tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {q.dtype} tensor {tuple(q.shape)}")
-    if B == 0:
-        return out
-    tiles = kernel_tiles(N, K, H, block_t, cuda=q.is_cuda)
-    kernelcheck.launch(kernel, (B, K), q, k_cache, v_cache, block_tables, context_lens, out,
-                       scale, K, max_blocks, block_size, N // K, H, **tiles)
-    return out
+    ins, home = kc.placed(q, k_cache, v_cache, block_tables, context_lens)
+    return _paged(kernel, ins, scale, block_t, None if out is None else
+                  [out.to(ins[0].device)])[0].to(home)
 
 
+@probe
 def launch_split(kernel, q, k_cache, v_cache, block_tables, context_lens, num_splits: int,
-                 scale=None, *, partials=None, lse=None, block_t=None):
+                 scale=None, *, block_t=None):
     """Run a split (flash-decoding) kernel in the notebook's signature on grid
     (B_seq, K, num_splits), one program per (sequence, KV head, split):
 
@@ -129,38 +111,10 @@ def launch_split(kernel, q, k_cache, v_cache, block_tables, context_lens, num_sp
                               scale, K, max_blocks, block_size, G, H, tokens_per_split, S,
                               BLOCK_T=..., BLOCK_G=..., BLOCK_H=...)
 
-    Returns (partials float32 [B_seq, N, S, H], lse float32 [B_seq, N, S]); `partials=`,
-    `lse=`: contiguous float32 tensors to write into. merge_partials(partials, lse) is the
-    attention output."""
-    B, N, K, H, block_size, max_blocks, scale = _kernel_inputs(
-        q, k_cache, v_cache, block_tables, context_lens, scale)
-    tps = tokens_per_split(max_blocks, block_size, num_splits)
-    q, k_cache, v_cache, block_tables, context_lens = _contiguous(
-        q, k_cache, v_cache, block_tables, context_lens)
-    shapes = {"partials": (B, N, num_splits, H), "lse": (B, N, num_splits)}
-    given = {"partials": partials, "lse": lse}
-    for name, t in given.items():
-        if t is None:
-            given[name] = torch.empty(shapes[name], dtype=torch.float32, device=q.device)
-        elif tuple(t.shape) != shapes[name] or t.dtype != torch.float32 or \
-                not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 tensor {shapes[name]}")
-    partials, lse = given["partials"], given["lse"]
-    if B == 0:
-        return partials, lse
-    tiles = kernel_tiles(N, K, H, block_t, cuda=q.is_cuda)
-    kernelcheck.launch(kernel, (B, K, num_splits), q, k_cache, v_cache, block_tables,
-                       context_lens, partials, lse, scale, K, max_blocks, block_size, N // K, H,
-                       tps, num_splits, **tiles)
-    return partials, lse
-
-
-def merge(partials: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """The log-sum-exp merge of split partials [..., S, H] by their lse [..., S] (the checks'
-    own copy: the course's merge_splits is off while a student's kernel is checked)."""
-    top = lse.max(dim=-1, keepdim=True).values
-    w = torch.exp(lse - top)
-    return (w[..., None] * partials).sum(dim=-2) / w.sum(dim=-1, keepdim=True)
+    Returns (partials float32 [B_seq, N, S, H], lse float32 [B_seq, N, S]);
+    merge_partials(partials, lse) is the attention output."""
+    ins, home = kc.placed(q, k_cache, v_cache, block_tables, context_lens)
+    return tuple(t.to(home) for t in _paged(kernel, ins, scale, block_t, splits=num_splits))
 
 
 # --- the cases the checks run ------------------------------------------------------------------
@@ -188,16 +142,6 @@ SPLIT_CASES = (
 # (the notebook's visible tests use kernel_case too, on other lengths and seeds)
 
 
-def _fence(t: torch.Tensor, pad: int, fill=None):
-    """kernelcheck.nan_padded, with `fill` in the fence of an integer tensor (-1: a block id
-    that reads the NaN fence in front of the cache, instead of a huge one)."""
-    view, buf = kernelcheck.nan_padded(t, pad=pad)
-    if fill is not None:
-        buf[:pad] = fill
-        buf[pad + t.numel():] = fill
-    return view, buf
-
-
 def kernel_case(lens, N, K, H, block_size, dtype=torch.float32, block_t=16, large=False,
                 seed=0, device="cpu"):
     """(q, k_cache, v_cache, block_tables, context_lens) for a kernel check, every tensor inside
@@ -206,18 +150,18 @@ def kernel_case(lens, N, K, H, block_size, dtype=torch.float32, block_t=16, larg
     each last block); table columns past a sequence's last block hold -1 or a spare block's id,
     and the table is wide enough that a tile read without a mask stays in its row. large=True:
     the scores scale * q . k lie between about 110 and 220 (a component the keys share)."""
-    g = _Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
     need = [cdiv(L, block_size) for L in lens]
     spare = 3
     num_blocks = sum(need) + spare
     reach = max(cdiv(L, block_t) * block_t for L in lens)        # positions an unmasked tile reads
     width = cdiv(reach, block_size) + 1
-    perm = _randperm(num_blocks, generator=g).tolist()
+    perm = torch.randperm(num_blocks, generator=g).tolist()
     owned, spares = perm[:sum(need)], perm[sum(need):]
     k_cache = torch.full((num_blocks, block_size, K, H), float("nan"))
     v_cache = torch.full((num_blocks, block_size, K, H), float("nan"))
     tables = torch.full((len(lens), width), -1, dtype=torch.int32)
-    common = _randn(K, H, generator=g)
+    common = torch.randn(K, H, generator=g)
     common = common / common.norm(dim=-1, keepdim=True) * H ** 0.5      # |common|^2 = H
     start = 0
     for b, L in enumerate(lens):
@@ -225,25 +169,23 @@ def kernel_case(lens, N, K, H, block_size, dtype=torch.float32, block_t=16, larg
         start += need[b]
         extra = [spares[(b + j) % spare] if j % 2 else -1 for j in range(width - need[b])]
         tables[b] = torch.tensor(ids + extra, dtype=torch.int32)
-        k = _randn(L, K, H, generator=g)
+        k = torch.randn(L, K, H, generator=g)
         if large:
             k = common + 0.5 * k
         pos = torch.arange(L)
         blk = torch.tensor(ids)[pos // block_size]
         k_cache[blk, pos % block_size] = k
-        v_cache[blk, pos % block_size] = _randn(L, K, H, generator=g)
-    q = _randn(len(lens), N, H, generator=g)
+        v_cache[blk, pos % block_size] = torch.randn(L, K, H, generator=g)
+    q = torch.randn(len(lens), N, H, generator=g)
     if large:       # q . k = 40 |common|^2 + ...: scale * q . k = 40 sqrt(H) + O(sqrt(H))
         q = 40.0 * common.repeat_interleave(N // K, dim=0)[None] + q
     q, k_cache, v_cache = (t.to(dtype).to(device) for t in (q, k_cache, v_cache))
     pads = kernel_tiles(N, K, H)
-    G_pad, H_pad = pads["BLOCK_G"], pads["BLOCK_H"]
-    q, _ = _fence(q, pad=G_pad * H_pad)
-    k_cache, _ = _fence(k_cache, pad=block_size * K * H)
-    v_cache, _ = _fence(v_cache, pad=block_size * K * H)
-    tables, _ = _fence(tables.to(device), pad=block_t, fill=-1)
-    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
-    return q, k_cache, v_cache, tables, lens_t
+    q = kc.nan_padded(q, pad=pads["BLOCK_G"] * pads["BLOCK_H"])[0]
+    k_cache = kc.nan_padded(k_cache, pad=block_size * K * H)[0]
+    v_cache = kc.nan_padded(v_cache, pad=block_size * K * H)[0]
+    tables = kc.nan_padded(tables.to(device), pad=block_t, fill=-1)[0]
+    return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32, device=device)
 
 
 def split_reference(q, k_cache, v_cache, tables, lens, scale, num_splits):
@@ -270,22 +212,15 @@ def split_reference(q, k_cache, v_cache, tables, lens, scale, num_splits):
 _OUT_TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-def _case_name(what: str, case) -> str:
-    lens, N, K, H, block_size, dtype = case[:6]
-    return f"[{what}: lens {lens}, N = {N}, K = {K}, H = {H}, blocks of {block_size}, " \
-           f"{str(dtype).replace('torch.', '')}]"
-
-
 def _diagnose(got: torch.Tensor, want: torch.Tensor, name: str, large: bool, K: int,
-              tol: float, rows: str, G: int | None = None) -> None:
+              tol: float, rows: str) -> None:
     """AssertionError naming the likely mistake when got (float) differs from want."""
-    evidence(got, name, atol=2 * tol, rtol=2 * tol)           # for the grader (autograder/judge.py)
     bad_nan = ~torch.isfinite(got) & torch.isfinite(want)
     if bool(bad_nan.any()):
         if large:
             raise AssertionError(
-                f"{name}: NaN or inf in the output. The scores here lie between 110 and 220, and e^x "
-                f"overflows float32 above x = 88.7: keep the running max m and exponentiate "
+                f"{name}: NaN or inf in the output. The scores here lie between 110 and 220, and "
+                f"e^x overflows float32 above x = 88.7: keep the running max m and exponentiate "
                 f"s - m, rescaling l and acc by exp(m_old - m_new) when m grows")
         raise AssertionError(
             f"{name}: NaN or inf in the output ({int(bad_nan.sum())} values). Slots that the "
@@ -296,10 +231,9 @@ def _diagnose(got: torch.Tensor, want: torch.Tensor, name: str, large: bool, K: 
     ok = err <= tol + tol * want.abs()
     if bool(ok.all()):
         return
-    # which (sequence, query head) rows are off
-    per_row = (~ok).flatten(2).any(-1) if got.dim() > 2 else ~ok
+    per_row = (~ok).flatten(2).any(-1) if got.dim() > 2 else ~ok     # (sequence, head) rows
     wrong = [tuple(int(i) for i in idx) for idx in per_row.nonzero()[:6]]
-    G = got.shape[1] // K if G is None else G
+    G = got.shape[1] // K
     raise AssertionError(
         f"{name}: {int((~ok).sum())} of {ok.numel()} {rows} values differ from the reference "
         f"(largest difference {float(err.max()):.3g}, tolerance {tol:g} + {tol:g} |expected|); "
@@ -311,43 +245,38 @@ def _diagnose(got: torch.Tensor, want: torch.Tensor, name: str, large: bool, K: 
         f"0 .. context_lens[b] - 1")
 
 
-def _run_decode_case(kernel, case, seed, device):
-    lens, N, K, H, block_size, dtype, block_t, scale, large, _, what = case
-    name = f"paged_decode_kernel {_case_name(what, case)}"
-    q, kc, vc, tables, lens_t = kernel_case(lens, N, K, H, block_size, dtype, block_t, large,
-                                            seed, device)
-    want = paged_attention_decode_ref(q.cpu(), kc.cpu(), vc.cpu(), tables.cpu(), lens_t.cpu(),
-                                      scale).float()
-    tiles = kernel_tiles(N, K, H, block_t, cuda=q.is_cuda)
-    out, out_buf = kernelcheck.nan_padded(torch.empty_like(q),
-                                          pad=tiles["BLOCK_G"] * tiles["BLOCK_H"])
-    with kernelcheck.course_kernels_disabled():
-        launch_decode(kernel, q, kc, vc, tables, lens_t, scale, out=out, block_t=block_t)
-    kernelcheck.assert_padding_untouched(out_buf, out, name)
-    _diagnose(out.cpu().float(), want, name, large, K, _OUT_TOL[dtype], "output")
+@probe
+def fenced_run(kernel, case, seed: int) -> list:
+    """(In the student's kernel) the decode kernel (a DECODE_CASES case) or the split kernel (a
+    SPLIT_CASES case) on kernel_case(case, seed), into outputs inside NaN fences: the whole
+    buffers ([out] or [partials, lse]), the outputs filled with NaN before the launch."""
+    lens, N, K, H, block_size, dtype, block_t, scale, large, S = case[:10]
+    ins = kernel_case(lens, N, K, H, block_size, dtype, block_t, large, seed, kc.device())
+    tiles, B = kernel_tiles(N, K, H), len(lens)
+    pad = tiles["BLOCK_G"] * (S or 1) * tiles["BLOCK_H"]
+    shapes = [((B, N, H), dtype)] if S is None else [((B, N, S, H), torch.float32),
+                                                     ((B, N, S), torch.float32)]
+    fenced = [kc.nan_padded(torch.full(shape, float("nan"), dtype=dt, device=ins[0].device),
+                            pad=pad) for shape, dt in shapes]
+    _paged(kernel, ins, scale, block_t, [view for view, _ in fenced], S)
+    return [buffer.cpu() for _, buffer in fenced]
 
 
-def _run_split_case(kernel, case, seed, device):
-    lens, N, K, H, block_size, dtype, block_t, scale, large, S, what = case
-    name = f"paged_split_kernel {_case_name(what, case)}"
-    q, kc, vc, tables, lens_t = kernel_case(lens, N, K, H, block_size, dtype, block_t, large,
-                                            seed, device)
-    want_part, want_lse = split_reference(q.cpu(), kc.cpu(), vc.cpu(), tables.cpu(),
-                                          lens_t.cpu(), scale, S)
-    want_out = paged_attention_decode_ref(q.cpu(), kc.cpu(), vc.cpu(), tables.cpu(),
-                                          lens_t.cpu(), scale).float()
-    tiles = kernel_tiles(N, K, H, block_t, cuda=q.is_cuda)
-    pad = tiles["BLOCK_G"] * S * tiles["BLOCK_H"]
-    part, part_buf = kernelcheck.nan_padded(
-        torch.empty(want_part.shape, dtype=torch.float32, device=device), pad=pad)
-    lse, lse_buf = kernelcheck.nan_padded(
-        torch.empty(want_lse.shape, dtype=torch.float32, device=device), pad=pad)
-    with kernelcheck.course_kernels_disabled():
-        launch_split(kernel, q, kc, vc, tables, lens_t, S, scale, partials=part, lse=lse,
-                     block_t=block_t)
-    kernelcheck.assert_padding_untouched(part_buf, part, f"{name}, partials")
-    kernelcheck.assert_padding_untouched(lse_buf, lse, f"{name}, lse")
-    part, lse = part.cpu(), lse.cpu()
+def _check_case(kernel, case, seed: int) -> None:
+    """(In the tester) one case of DECODE_CASES or SPLIT_CASES: AssertionError naming the likely
+    mistake unless the kernel writes the reference's values and nothing around them."""
+    lens, N, K, H, block_size, dtype, block_t, scale, large, S = case[:10]
+    name = f"paged_{'decode' if S is None else 'split'}_kernel [{case[-1]}: lens {lens}, " \
+           f"N = {N}, K = {K}, H = {H}, blocks of {block_size}, {str(dtype)[6:]}]"
+    ins = kernel_case(lens, N, K, H, block_size, dtype, block_t, large, seed)
+    want_out = paged_attention_decode_ref(*ins, scale).float()
+    buffers = fenced_run(kernel, case, seed)
+    if S is None:
+        out = kc.unfenced(buffers[0], want_out.shape, name)
+        return _diagnose(out.float(), want_out, name, large, K, _OUT_TOL[dtype], "output")
+    want_part, want_lse = split_reference(*ins, scale, S)
+    part = kc.unfenced(buffers[0], want_part.shape, f"{name}, partials")
+    lse = kc.unfenced(buffers[1], want_lse.shape, f"{name}, lse")
     empty = torch.isinf(want_lse) & (want_lse < 0)
     if bool(torch.isnan(lse).any()) or bool(torch.isnan(part).any()):
         if large:
@@ -369,146 +298,101 @@ def _run_split_case(kernel, case, seed, device):
                              f"0 / 0")
     _diagnose(lse.masked_fill(empty, 0.0), want_lse.masked_fill(empty, 0.0), f"{name}, lse",
               large, K, 2e-5 if not large else 1e-5, "lse")
-    _diagnose(part.masked_fill(empty[..., None], 0.0), want_part.masked_fill(empty[..., None], 0.0),
-              f"{name}, partials", large, K, 1e-4, "partial output")
-    _diagnose(merge(part, lse), want_out, f"{name}, merged output", large, K,
+    _diagnose(part.masked_fill(empty[..., None], 0.0), want_part.masked_fill(empty[..., None],
+              0.0), f"{name}, partials", large, K, 1e-4, "partial output")
+    _diagnose(merge_splits(part, lse), want_out, f"{name}, merged output", large, K,
               max(_OUT_TOL[dtype], 1e-4), "output")
 
 
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _speed_mode(speed) -> tuple[bool, bool]:
-    """(run the speed check, dry run) for speed = "auto" | "gpu" | "dry_run" | None."""
-    if speed in (None, False, "off"):
-        return False, False
-    if speed == "dry_run":
-        return True, True
-    if speed == "auto":
-        return torch.cuda.is_available(), False
-    if speed == "gpu":
-        if not torch.cuda.is_available():
-            raise RuntimeError("speed='gpu' needs a CUDA GPU (speed='dry_run' runs the code path "
-                               "on the CPU)")
-        return True, False
-    raise ValueError(f"speed must be 'auto', 'gpu', 'dry_run' or None, got {speed!r}")
-
-
+# --- speed on a GPU --------------------------------------------------------------------------------
 # the speed cases: (lens, N, K, H, block size, dtype) on a GPU; a tiny one for dry runs
-SPEED_DECODE = ([4096] * 16, 32, 8, 128, 16, torch.bfloat16)
-SPEED_SPLIT = ([32768], 32, 8, 128, 16, torch.bfloat16)
+SPEED = {"decode": ([4096] * 16, 32, 8, 128, 16, torch.bfloat16),
+         "split": ([32768], 32, 8, 128, 16, torch.bfloat16)}
 SPEED_DRY = ([37, 20], 4, 2, 16, 4, torch.float32)
 
 
-def _speed_inputs(shape, dry: bool, seed: int):
-    lens, N, K, H, block_size, dtype = shape
-    device = "cpu" if dry else "cuda"
-    g = _Generator().manual_seed(seed)
-    need = [cdiv(L, block_size) for L in lens]
-    num_blocks = sum(need)
-    perm = _randperm(num_blocks, generator=g).to(torch.int32)
-    tables = torch.zeros(len(lens), max(need), dtype=torch.int32)
-    start = 0
-    for b, n in enumerate(need):
-        tables[b, :n] = perm[start:start + n]
-        start += n
-    kc = _randn(num_blocks, block_size, K, H, generator=g).to(dtype)
-    vc = _randn(num_blocks, block_size, K, H, generator=g).to(dtype)
-    q = _randn(len(lens), N, H, generator=g).to(dtype)
-    lens_t = torch.tensor(lens, dtype=torch.int32)
-    kv_bytes = 2 * sum(lens) * K * H * kc.element_size() + 2 * q.numel() * q.element_size()
-    return [t.to(device) for t in (q, kc, vc, tables, lens_t)], kv_bytes
-
-
-@kernel_side            # timed where the student's kernel lives (autograder/remote.py)
-def decode_kernel_speed(kernel, *, dry_run: bool = False, check: bool = False,
-                        seed: int = 7012, **kw) -> dict:
-    """Time the student's decode kernel against the course's on SPEED_DECODE (a GPU;
-    dry_run: SPEED_DRY on the CPU, figures meaningless), after checking its output once:
-    kernelcheck.kernel_speed's report. check=True: kernelcheck.check_kernel_speed, an
-    AssertionError below KERNEL_SPEED's thresholds (never in a dry run)."""
-    from kernels.paged_attention import paged_attention_decode
-    (q, kc, vc, tables, lens), nbytes = _speed_inputs(SPEED_DRY if dry_run else SPEED_DECODE,
-                                                       dry_run, seed)
-    out = torch.empty_like(q)
-    want = paged_attention_decode(q, kc, vc, tables, lens, validate=False)
-    launch_decode(kernel, q, kc, vc, tables, lens, out=out)
-    _diagnose(out.float().cpu(), want.float().cpu(), "paged_decode_kernel on the timing case",
-              False, kc.shape[2], _OUT_TOL[q.dtype], "output")
-    if dry_run:
-        kw = {"warmup": 1, "repeats": 3, **kw}
-
-    def student():
-        launch_decode(kernel, q, kc, vc, tables, lens, out=out)
-
-    def course():
-        paged_attention_decode(q, kc, vc, tables, lens, validate=False)
-
-    if check:
-        return kernelcheck.check_kernel_speed(student, course, nbytes, what="paged_decode_kernel",
-                                              dry_run=dry_run, **KERNEL_SPEED, **kw)
-    return kernelcheck.kernel_speed(student, course, nbytes, dry_run=dry_run, **kw)
-
-
-@kernel_side            # timed where the student's kernel lives (autograder/remote.py)
-def split_kernel_speed(kernel, *, dry_run: bool = False, check: bool = False,
-                       seed: int = 7013, **kw) -> dict:
-    """The same for the split kernel on SPEED_SPLIT (one sequence of 32k tokens, the case
-    flash-decoding is for) with the course's split count: the student's kernel (partials and
-    lse; the merge that follows is a few small torch operations) against the course's whole
-    split decode (its split kernel and its merge kernel). The report adds "num_splits"."""
-    from kernels.paged_attention import paged_attention_decode_split
+def _speed_inputs(which: str, dry_run: bool, seed: int):
+    """((q, k_cache, v_cache, tables, lens) on the kernels' device, the bytes of K/V and q a
+    step must read, the split count: 2 dry, else the course's) for "decode" or "split"."""
     from kernels.paged_attention_ref import pick_num_splits
-    (q, kc, vc, tables, lens), nbytes = _speed_inputs(SPEED_DRY if dry_run else SPEED_SPLIT,
-                                                       dry_run, seed)
-    S = 2 if dry_run else pick_num_splits(q.shape[0], kc.shape[2], tables.shape[1], kc.shape[1])
-    part, lse = launch_split(kernel, q, kc, vc, tables, lens, S)
-    want = paged_attention_decode_split(q, kc, vc, tables, lens, num_splits=S, validate=False)
-    _diagnose(merge(part, lse).cpu(), want.float().cpu(), "paged_split_kernel on the timing case",
-              False, kc.shape[2], _OUT_TOL[q.dtype], "merged output")
-    if dry_run:
-        kw = {"warmup": 1, "repeats": 3, **kw}
+    lens, N, K, H, block_size, dtype = SPEED_DRY if dry_run else SPEED[which]
+    g = torch.Generator().manual_seed(seed)
+    need = [cdiv(L, block_size) for L in lens]
+    perm = torch.randperm(sum(need), generator=g).to(torch.int32)
+    tables = torch.zeros(len(lens), max(need), dtype=torch.int32)
+    for b, n in enumerate(need):
+        tables[b, :n] = perm[sum(need[:b]):sum(need[:b]) + n]
+    kv = [torch.randn(sum(need), block_size, K, H, generator=g).to(dtype) for _ in "kv"]
+    q = torch.randn(len(lens), N, H, generator=g).to(dtype)
+    ins = [t.to("cpu" if dry_run else "cuda") for t in (q, *kv, tables, torch.tensor(
+        lens, dtype=torch.int32))]
+    nbytes = 2 * sum(lens) * K * H * kv[0].element_size() + 2 * q.numel() * q.element_size()
+    return ins, nbytes, 2 if dry_run else pick_num_splits(len(lens), K, max(need), block_size)
 
-    def student():
-        launch_split(kernel, q, kc, vc, tables, lens, S, partials=part, lse=lse)
+
+@probe
+def timed_kernel(which: str, kernel, *, dry_run: bool = False, seed: int = 7012,
+                 warmup: int = 5, repeats: int = 30) -> dict:
+    """(In the student's kernel) their "decode" or "split" kernel on _speed_inputs: {"out": its
+    outputs ([out] or [partials, lse]), "seconds": median seconds per launch}."""
+    ins, _, splits = _speed_inputs(which, dry_run, seed)
+    outs = _paged(kernel, ins, splits=None if which == "decode" else splits)
+    seconds = kc.seconds_per_call(lambda: _paged(kernel, ins, outs=outs, splits=None if which ==
+                                                 "decode" else splits),
+                                  dry_run=dry_run, warmup=warmup, repeats=repeats)
+    return {"out": [t.cpu() for t in outs], "seconds": seconds}
+
+
+def kernel_speed(which: str, kernel, *, dry_run: bool = False, check: bool = False,
+                 seed: int = 7012, warmup: int | None = None, repeats: int | None = None):
+    """The student's "decode" kernel on 16 sequences of 4096 tokens or "split" kernel on one of
+    32k tokens (the case flash-decoding is for; the course's split count, the merge left out),
+    timed in their kernel (`timed_kernel`) after checking its output, against the course's whole
+    decode timed here (dry_run: SPEED_DRY on the CPU, figures meaningless): the speed report,
+    and "num_splits". check=True: AssertionError below KERNEL_SPEED (never in a dry run)."""
+    from kernels.paged_attention import paged_attention_decode, paged_attention_decode_split
+    warmup = (1 if dry_run else 5) if warmup is None else warmup
+    repeats = (3 if dry_run else 30) if repeats is None else repeats
+    ins, nbytes, splits = _speed_inputs(which, dry_run, seed)
 
     def course():
-        paged_attention_decode_split(q, kc, vc, tables, lens, num_splits=S, validate=False)
-
+        if which == "decode":
+            return paged_attention_decode(*ins, validate=False)
+        return paged_attention_decode_split(*ins, num_splits=splits, validate=False)
+    got = timed_kernel(which, kernel, dry_run=dry_run, seed=seed, warmup=warmup, repeats=repeats)
+    _diagnose((got["out"][0] if which == "decode" else merge_splits(*got["out"])).float(),
+              course().float().cpu(), f"paged_{which}_kernel on the timing case", False,
+              ins[1].shape[2], _OUT_TOL[ins[0].dtype], "output")
+    report = kc.speed_report(got["seconds"], kc.seconds_per_call(
+        course, dry_run=dry_run, warmup=warmup, repeats=repeats), nbytes, dry_run=dry_run)
     if check:
-        report = kernelcheck.check_kernel_speed(student, course, nbytes, dry_run=dry_run,
-                                                what=f"paged_split_kernel ({S} splits)",
-                                                **KERNEL_SPEED, **kw)
-    else:
-        report = kernelcheck.kernel_speed(student, course, nbytes, dry_run=dry_run, **kw)
-    return {**report, "num_splits": S}
+        kc.require_speed(report, f"paged_{which}_kernel", **KERNEL_SPEED)
+    return {**report, "num_splits": splits if which == "split" else None}
+
+
+def _check(which: str, kernel, cases, seed: int, speed) -> dict:
+    if speed not in ("auto", "gpu", "dry_run", None):
+        raise ValueError(f"speed must be 'auto', 'gpu', 'dry_run' or None, got {speed!r}")
+    if speed == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("speed='gpu' needs a CUDA GPU (speed='dry_run' runs the code path on "
+                           "the CPU)")
+    for i, case in enumerate(cases):
+        _check_case(kernel, case, seed + i)
+    timed = speed in ("gpu", "dry_run") or (speed == "auto" and torch.cuda.is_available())
+    return {"cases": len(cases), "speed": kernel_speed(which, kernel, dry_run=speed == "dry_run",
+                                                       check=True) if timed else None}
 
 
 def check_decode_kernel(kernel, *, speed="auto", seed: int = 7010) -> dict:
-    """The hidden test of 07_decode_kernel_test. AssertionError unless `kernel` is a Triton
-    kernel written in the notebook (kernelcheck.assert_triton_kernel) that computes the paged
-    decode on every DECODE_CASES case with the course's kernels off, reads no slot its
-    sequences do not own and writes nothing outside its output; then, on a GPU (speed="auto";
-    "dry_run": the same code path on the CPU, asserting nothing; None: skipped), at least
-    KERNEL_SPEED of a device copy and of the course's kernel's speed. Returns {"cases": n,
-    "speed": the timing report or None}."""
-    kernelcheck.assert_triton_kernel(kernel, "paged_decode_kernel")       # bare, too
-    device = _device()
-    for i, case in enumerate(DECODE_CASES):
-        _run_decode_case(kernel, case, seed + i, device)
-    timed, dry = _speed_mode(speed)
-    report = decode_kernel_speed(kernel, dry_run=dry, check=True) if timed else None
-    return {"cases": len(DECODE_CASES), "speed": report}
+    """The hidden test of 07_decode_kernel_test. AssertionError unless `kernel` computes the
+    paged decode on every DECODE_CASES case, reads no slot its sequences do not own and writes
+    nothing outside its output; then, on a GPU (speed="auto"; "dry_run": the same code path on
+    the CPU, asserting nothing; None: skipped), at least KERNEL_SPEED of a device copy and of
+    the course's kernel's speed. Returns {"cases": n, "speed": the timing report or None}."""
+    return _check("decode", kernel, DECODE_CASES, seed, speed)
 
 
 def check_split_kernel(kernel, *, speed="auto", seed: int = 7020) -> dict:
     """The hidden test of 07_split_kernel_test: as check_decode_kernel, for the split kernel's
     partials and lse on every SPLIT_CASES case (empty splits included)."""
-    kernelcheck.assert_triton_kernel(kernel, "paged_split_kernel")       # bare, too
-    device = _device()
-    for i, case in enumerate(SPLIT_CASES):
-        _run_split_case(kernel, case, seed + i, device)
-    timed, dry = _speed_mode(speed)
-    report = split_kernel_speed(kernel, dry_run=dry, check=True) if timed else None
-    return {"cases": len(SPLIT_CASES), "speed": report}
+    return _check("split", kernel, SPLIT_CASES, seed, speed)
