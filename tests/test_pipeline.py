@@ -29,8 +29,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from autograder import tester_plan as plan
 from autograder.course import Course
-from autograder.tester_plan import authoring_problems, tester_plan
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = Course(REPO).labs()
@@ -224,8 +224,8 @@ def test_source_is_committed_without_outputs(lab):
 def test_tests_bind_nothing_later_cells_read(lab):
     """Tests run in the tester: a name a test binds does not exist in the kernel."""
     nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
-    assert authoring_problems(nb) == []
-    assert tester_plan(nb)["names"], f"{lab}: the tests read nothing of the student's"
+    assert plan.authoring_problems(nb) == []
+    assert plan.tester_plan(nb)["names"], f"{lab}: the tests read nothing of the student's"
 
 
 @pytest.mark.parametrize("lab", LABS)
@@ -356,7 +356,7 @@ def test_grade_command_survives_crashes_hangs_and_memory_hogs(pipeline, tmp_path
         nbformat.write(nb, str(subs / student / DUMMY / f"{DUMMY}.ipynb"))
     jobs_tmp = tmp_path / "jobs_tmp"        # this run's jobs, apart from other workers' jobs
     jobs_tmp.mkdir()
-    r = _run("grade", str(subs), "--root", str(course.root), "--no-reference-run",
+    r = _run("grade", str(subs), "--root", str(course.root),
              "--cell-timeout", "6", "--notebook-timeout", "40", "--mem-gb", "1", *sandbox_flag(),
              env={"TMPDIR": str(jobs_tmp)})
     assert r.returncode == 0, r.stdout + r.stderr
@@ -424,7 +424,7 @@ def test_grade_refuses_to_run_without_the_sandbox_unless_told(pipeline, tmp_path
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no sandbox" in r.stderr and "bubblewrap" in r.stderr and "--no-sandbox" in r.stderr
     assert "nosandbox" not in r.stdout                   # nothing was graded
-    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback", "--no-reference-run",
+    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback",
              "--no-sandbox", env=missing)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "WARNING: grading without the sandbox" in r.stdout
@@ -485,7 +485,7 @@ def test_a_submission_made_of_symbolic_links_is_never_followed(pipeline, tmp_pat
     (subs / "linknb" / DUMMY / f"{DUMMY}.ipynb").symlink_to(source)
     (subs / "linkdir").mkdir(parents=True)
     (subs / "linkdir" / DUMMY).symlink_to(course.source(DUMMY), target_is_directory=True)
-    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback", "--no-reference-run",
+    r = _run("grade", str(subs), "--root", str(course.root), "--no-feedback",
              *sandbox_flag())
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"skipping {subs / 'linkdir' / DUMMY}: a symbolic link" in r.stdout, r.stdout
