@@ -1,15 +1,5 @@
-"""Each lab's grading module, `autograder/labs/labNN.py`: its probes (autograder/probes.py: the
-functions that run the student's code in their kernel and return plain values) and, for a lab
-with a timed claim, `SPEED_CHECK = SpeedCheck(...)` (autograder/labs/speedcheck.py): grade id,
-threshold, the measure, a reference and a counter-example in the notebook's signature, and the
-failure hint. The notebook's graded cell calls the check (e.g.
-`lab03.check_absorbed_speedup(mla_attend_absorbed)`, an alias of `SPEED_CHECK.check`).
-
-tests/test_speed_checks.py runs every check many times, also under a competing CPU load, and
-requires True every time for the reference and False every time for the counter-example. Keep
-each check to a second or two, with a threshold well below what the reference reaches on a
-loaded 2-core machine.
-"""
+"""Each lab's grading module, labNN.py: its probes (autograder/probes.py) and, for a timed claim,
+SPEED_CHECK (speedcheck.py). Here: what several labs share."""
 from __future__ import annotations
 
 import importlib
@@ -17,34 +7,76 @@ import pkgutil
 import re
 from types import ModuleType
 
+import torch
+
+from autograder.checks import WorkCounter
+from autograder.probes import fresh_model, probe
+
 _LAB_MODULE = re.compile(r"^lab\d\d$")
 _MODELS: dict = {}
 
 
 def shipped_model(name: str = "target"):
-    """A shipped checkpoint (`minillm.load(name)`), loaded once per process for the checks."""
+    """A shipped checkpoint, loaded once per process for the checks' baselines."""
     if name not in _MODELS:
         import minillm
         _MODELS[name] = minillm.load(name)
     return _MODELS[name]
 
 
+def random_model(seed: int, config: dict, std: float | None = None, norms=None):
+    """A model seeded alike wherever built; std: weights from N(0, std), norms' from U(*norms)."""
+    from minillm.config import ModelConfig
+    from minillm.model import Transformer
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(**config)).eval()
+    if std is not None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if norms and name.endswith("norm.weight"):
+                    p.uniform_(*norms)
+                else:
+                    p.normal_(0.0, std)
+    return model
+
+
+def counted(model, fn, *args, **kwargs) -> tuple:
+    """(`fn(model, *args, **kwargs)`, {"calls": forward calls, "through": token positions})."""
+    with WorkCounter(model) as work:
+        out = fn(model, *args, **kwargs)
+    return out, {"calls": work.calls, "through": work.tokens}
+
+
+def context_ids(vocab_size: int, n: int, seed: int) -> torch.Tensor:
+    return torch.randint(1, vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def model_of(random=None):
+    """A fresh copy of the shipped model, or random_model(*random) for random=(seed, config)."""
+    return fresh_model() if random is None else random_model(*random)
+
+
+@probe
+def counted_generate(generate, prompt_ids, max_new_tokens, *args, random_model=None,
+                     **kwargs) -> dict:
+    """`generate(model_of(random_model), prompt_ids, ...)`: {"tokens", "calls", "through"}."""
+    tokens, work = counted(model_of(random_model), generate, prompt_ids, max_new_tokens, *args,
+                           **kwargs)
+    return {"tokens": tokens, **work}
+
+
+@probe
+def with_config(fn, config: dict, *args):
+    from minillm.config import ModelConfig
+    return fn(ModelConfig.from_dict(config), *args)
+
+
 def lab_modules() -> list[ModuleType]:
-    """Import and return every autograder.labs.labNN module, in order."""
     names = sorted(m.name for m in pkgutil.iter_modules(__path__) if _LAB_MODULE.match(m.name))
     return [importlib.import_module(f"{__name__}.{n}") for n in names]
 
 
 def speed_checks() -> dict:
     """{"labNN": SpeedCheck} for every lab module that defines SPEED_CHECK, in lab order."""
-    from .speedcheck import SpeedCheck
-    checks = {}
-    for mod in lab_modules():
-        check = getattr(mod, "SPEED_CHECK", None)
-        if check is None:
-            continue
-        if not isinstance(check, SpeedCheck):
-            raise TypeError(f"{mod.__name__}.SPEED_CHECK must be a SpeedCheck, got "
-                            f"{type(check).__name__}")
-        checks[mod.__name__.rsplit(".", 1)[-1]] = check
-    return checks
+    return {m.__name__.rsplit(".", 1)[-1]: m.SPEED_CHECK for m in lab_modules()
+            if hasattr(m, "SPEED_CHECK")}

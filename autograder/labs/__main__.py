@@ -1,22 +1,15 @@
-"""Measure every lab's speed check: `python -m autograder.labs [--runs N] [--loaded K] [LAB ...]`.
-
-For each lab (or the ones named, e.g. lab03), runs the check's measure N times on its reference
-and N times on its counter-example (on one torch thread, as the graded cell does), the last K
-runs of each with a busy loop spinning on one core, and prints the ratios' range and median
-next to the threshold. With --solution it also measures the source notebook's own answer where
-the check names one (SpeedCheck.solution). With --tester each candidate runs in a process of its
-own that answers the check's calls over a socket (autograder/kernel_side.py), and the check runs
-in a tester (autograder/tester.py), timing both processes' CPU, as graded. The ranges in
-autograder/README.md come from this command.
-"""
+"""Measure every lab's speed check: `python -m autograder.labs [--runs N] [--loaded K] [LAB ...]`
+(autograder/README.md, "Timed claims")."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from autograder.labs import speed_checks
@@ -43,7 +36,7 @@ def measure(check, candidate, runs: int, loaded: int) -> list[float]:
     return ratios
 
 
-# the student's side of --tester: the candidate, served to the tester until it is done
+# the student's side of --tester
 KERNEL = """
 import sys, torch
 torch.set_num_threads(1)
@@ -60,11 +53,7 @@ serve(sys.argv[1], {"candidate": notebook_solution(check, lab) if which == "solu
 
 
 def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> list[float]:
-    """`measure` with the candidate (`which`: "reference", "counter_example" or "solution") in a process
-    of its own and the check in a tester, one connection per run."""
-    import os
-    import tempfile
-
+    """`measure` with the candidate `which` in a process of its own and the check in a tester."""
     from autograder.tester import Commands, Tester
     folder = tempfile.mkdtemp(prefix="speedcheck_")
     path = os.path.join(folder, "tester.sock")
@@ -89,12 +78,9 @@ def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> li
     return list(tester.ns["ratios"])
 
 
-def _range(r: list[float]) -> str:
-    return f"{min(r):.2f}-{max(r):.2f} (median {statistics.median(r):.2f})"
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autograder.labs", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m autograder.labs",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("labs", nargs="*", help="labNN names (default: every lab with a speed check)")
     ap.add_argument("--runs", type=int, default=10, help="runs per candidate (default 10)")
     ap.add_argument("--loaded", type=int, default=4,
@@ -105,10 +91,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tester", action="store_true",
                     help="run each candidate in a process of its own, the check in a tester")
     args = ap.parse_args(argv)
-    steady()                    # as the grader's kernels and tester do (autograder/steady_malloc.py)
+    steady()                    # as the grader's kernels and tester do
     checks = speed_checks()
-    unknown = [lab for lab in args.labs if lab not in checks]
-    if unknown:
+    if unknown := [lab for lab in args.labs if lab not in checks]:
         ap.error(f"no speed check for {unknown}; known: {sorted(checks)}")
     rows = {}
     for lab in args.labs or sorted(checks):
@@ -127,7 +112,7 @@ def main(argv=None) -> int:
                 ranges[which] = f"cannot run: {e}"
                 continue
             row[which] = {"min": min(r), "median": statistics.median(r), "max": max(r)}
-            ranges[which] = _range(r)
+            ranges[which] = f"{min(r):.2f}-{max(r):.2f} (median {statistics.median(r):.2f})"
         rows[lab] = row
         if not args.json:
             print(f"{lab} {check.grade_id:24s} threshold {check.threshold:<4g} " + "  ".join(

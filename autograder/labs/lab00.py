@@ -1,84 +1,43 @@
-"""Lab 00's probes and speed check.
-
-Probes (autograder/probes.py) run the student's `generate` on a fresh copy of the shipped model
-where it lives and return plain values:
-
-    from autograder.labs import lab00
-    lab00.generate_tokens(generate, prompt, 9, temperature=0)      # -> what generate returned
-    lab00.counted_generate(generate, prompt, 9)    # -> {"tokens", "calls", "through"}
-
-The speed check times the *consequence* of the naive loop's work, as a ratio of medians measured
-interleaved:
-
-    time(generate 2 tokens after a LONG-token prompt) / time(same after a SHORT-token prompt)
-
-Both runs are the student's own `generate`; the long one pushes 513 / 33 = 15.5x the tokens of
-the short one, diluted by the fixed cost of reading every weight once per forward pass. Why 2.0:
-the reference stays well above it on a loaded 2-core machine and a loop that feeds the model
-only the last few tokens measures about 1x (ranges: autograder/README.md). The timed claim is
-paired with an exact one graded in the same notebook: the naive loop pushes sum_{t<n} (P + t)
-tokens through the model in n forward calls (`counted_generate`).
-"""
+"""Lab 00: probes run the student's `generate` on a fresh shipped model; the speed check times it
+after a LONG and a SHORT prompt, paired with the exact count of `counted_generate`."""
 from __future__ import annotations
 
 import torch
 
-from autograder.checks import WorkCounter
+from autograder.labs import context_ids, counted_generate
 from autograder.labs.speedcheck import SpeedCheck, one_torch_thread
 from autograder.probes import fresh_model, probe, working_model
 from autograder.timing import time_ratio
 
-SHORT = 16          # prompt tokens of the fast run
-LONG = 256          # prompt tokens of the slow run
-NEW_TOKENS = 2      # generated tokens per run: one prefill-sized step and one generation step
-THRESHOLD = 2.0     # required time(LONG) / time(SHORT)
+SHORT, LONG, NEW_TOKENS = 16, 256, 2     # prompt tokens of the fast and slow run; new tokens
+# required time(LONG) / time(SHORT): a loop that feeds only the last tokens measures about 1x
+THRESHOLD = 2.0
 WARMUP, REPEATS = 1, 5
 
 
 @probe
 def generate_tokens(generate, prompt_ids, max_new_tokens, *args, **kwargs):
-    """What `generate(model, prompt_ids, max_new_tokens, *args, **kwargs)` returns on a fresh
-    copy of the shipped model."""
     return generate(fresh_model(), prompt_ids, max_new_tokens, *args, **kwargs)
 
 
 @probe
-def counted_generate(generate, prompt_ids, max_new_tokens, *args, **kwargs) -> dict:
-    """`generate` on a fresh copy of the shipped model, its forward passes counted: {"tokens":
-    what it returned, "calls": forward calls, "through": token positions run through them}."""
-    model = fresh_model()
-    with WorkCounter(model) as work:
-        tokens = generate(model, prompt_ids, max_new_tokens, *args, **kwargs)
-    return {"tokens": tokens, "calls": work.calls, "through": work.tokens}
-
-
-def _prompt(n: int, vocab_size: int, seed: int) -> list[int]:
-    return torch.randint(1, vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-@probe
 def timed_generate(generate, prompt_len: int, new_tokens: int, seed: int) -> None:
-    """One timed run: `generate` after a `prompt_len`-token prompt, greedy, on the kept model."""
     model = working_model()
     with torch.no_grad(), one_torch_thread():
-        generate(model, _prompt(prompt_len, model.config.vocab_size, seed), new_tokens,
-                 temperature=0)
+        generate(model, context_ids(model.config.vocab_size, prompt_len, seed)[0].tolist(),
+                 new_tokens, temperature=0)
 
 
 def step_growth_ratio(generate_fn, *, short: int, long: int, new_tokens: int,
                       warmup: int = WARMUP, repeats: int = REPEATS):
-    """Time `generate_fn` after a `long`-token and a `short`-token prompt, interleaved:
-    .ratio = median(long) / median(short)."""
-    # time_ratio: ratio = median(baseline) / median(candidate) -> the slow run is the baseline
+    """.ratio = median(time after a `long`-token prompt) / median(after `short`), interleaved."""
     return time_ratio(lambda: timed_generate(generate_fn, long, new_tokens, 1),
                       lambda: timed_generate(generate_fn, short, new_tokens, 2),
                       warmup=warmup, repeats=repeats)
 
 
-# --- a correct candidate on the library, and the usual mistake, in the notebook's signature -----
 def reference_generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
                        generator=None, stop_ids=()):
-    """minillm.generate.generate_naive with the lab's `generate` signature."""
     from minillm.generate import generate_naive
     from minillm.sampling import SamplingParams
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
@@ -88,8 +47,7 @@ def reference_generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k
 
 def windowed_generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
                       generator=None, stop_ids=(), window: int = 8):
-    """WRONG on purpose: feeds the model only the last `window` tokens, so its cost does not grow
-    with the prefix (and its output is not the model's)."""
+    """The counter-example: feeds the model only the last `window` tokens."""
     ids = list(prompt_ids)
     new: list[int] = []
     for _ in range(max_new_tokens):
@@ -108,9 +66,9 @@ SPEED_CHECK = SpeedCheck(
     solution=("generate", "00_sample_next", "00_generate", "00_apply_temperature",
               "00_top_k_filter", "00_top_p_filter"),
     hint="generating {new_tokens} tokens after a {long}-token prompt took only {ratio:.2f}x as "
-         "long as after a {short}-token prompt (median {baseline_ms:.3g} ms vs "
-         "{candidate_ms:.3g} ms over {runs} interleaved runs); a loop that runs the whole "
-         "sequence through the model at every step takes at least {at_least:g}x as long. Does "
-         "your generate feed the model the whole prefix each step?")
+         "long as after a {short}-token prompt (median {baseline_ms:.3g} ms vs {candidate_ms:.3g} "
+         "ms over {runs} interleaved runs); a loop that runs the whole sequence through the model "
+         "at every step takes at least {at_least:g}x as long. Does your generate feed the model "
+         "the whole prefix each step?")
 check_step_growth = SPEED_CHECK.check
 __all__ = ["generate_tokens", "counted_generate", "timed_generate", "check_step_growth"]

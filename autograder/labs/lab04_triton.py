@@ -1,25 +1,5 @@
-"""Lab 04's Triton kernels, written by the student: the launchers the notebook calls, the torch
-specs beside them, and the checks its hidden tests run. Five kernels, each launched here (the
-grid, the strides and the block sizes are the launcher's choice, never the student's):
-
-    silu_mul(kernel, g, u)                      elementwise, masked tail      out = silu(g) * u
-    rmsnorm(kernel, x, w, eps)                  one program per row, rows longer than a block
-    matvec(kernel, W, x)                        a tile of outputs per program, a loop over K
-    w8a16_gemv(kernel, x, qweight, scales)      int8 codes, a scale per output row
-    w4a16_gemv(kernel, x, qweight, scales, zeros, G)   packed int4, scale + zero per group
-
-The launchers are probes (autograder/probes.py): during a test they run in the student's kernel,
-the only place their Triton code runs. `check_<name>(kernel)` runs in the tester: for each of
-CASES (sizes off the blocks, groups inside a tile and tiles inside a group, one row and several,
-fp32 / bf16 / fp16, strided rows, a transposed matrix) the probe `fenced_run` builds the inputs
-from the case's seed inside NaN fences, launches the kernel into a fenced output and returns the
-whole buffer; the tester builds the same inputs, computes the spec and checks the values and
-the fences. On a GPU `check_gemv_speed` also times the two dequant kernels (in the kernel:
-`timed_gemv`) against the course's (here) at 4096 x 4096, batch 1, bf16.
-
-    from autograder.labs import lab04_triton as tri
-    tri.check_matvec(matvec_kernel)        # AssertionError naming what is wrong
-"""
+"""Lab 04's Triton kernels: the launchers (probes), the torch specs and the checks: each of CASES
+on fenced inputs; on a GPU `check_gemv_speed` times the dequant kernels against the course's."""
 from __future__ import annotations
 
 import functools
@@ -35,13 +15,11 @@ from kernels.dequant_ref import w4a16_matmul_ref, w8a16_matmul_ref
 from kernels.formats import group_quantize_int4, pack_int4
 from kernels.intmath import cdiv
 
-# on a GPU: the student's kernel must reach these, at 4096 x 4096, batch 1, bf16 activations
-# (the course's kernels reach about 2x more of the copy bandwidth: benchmarks/RESULTS.md)
+# on a GPU, at 4096 x 4096, batch 1, bf16 (the course's reach ~2x more: benchmarks/RESULTS.md)
 GPU_SPEED = {"min_fraction_of_copy": 0.10, "min_ratio_to_reference": 0.25}
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 
 
-# --- the torch specs (the launchers' arguments, minus the kernel) -------------------------------
 def silu_mul_spec(g, u):
     return (F.silu(g.float()) * u.float()).to(g.dtype)
 
@@ -55,16 +33,14 @@ def matvec_spec(W, x):
     return W.float() @ x.float()
 
 
-# the dequant GEMVs' specs are the course's torch references (float32 product, x's dtype)
 w8a16_gemv_spec = w8a16_matmul_ref
 w4a16_gemv_spec = w4a16_matmul_ref
 SPECS = {"silu_mul": silu_mul_spec, "rmsnorm": rmsnorm_spec, "matvec": matvec_spec,
          "w8a16_gemv": w8a16_gemv_spec, "w4a16_gemv": w4a16_gemv_spec}
 
 
-# --- launching (in the student's kernel) ---------------------------------------------------------
 def _validate(what: str, ins: list, c: dict) -> None:
-    """ValueError unless the inputs are what `what`'s kernel reads (the launcher's docstring)."""
+    """ValueError unless the inputs are what `what`'s kernel reads."""
     for name in ("block", "block_n", "block_k", "group_size"):
         if name in c and (not isinstance(c[name], int) or c[name] < 1 or c[name] & (c[name] - 1)):
             raise ValueError(f"{name} must be a power of two (tl.arange needs one), got "
@@ -109,7 +85,6 @@ def _output(what: str, ins: list) -> tuple[tuple, torch.dtype]:
 
 
 def _launch(what: str, kernel, ins: list, out: torch.Tensor, c: dict) -> None:
-    """`what`'s kernel on `ins` into `out`, with the grid and the arguments its docstring says."""
     x = ins[0]
     if what == "silu_mul" and x.numel():
         kc.launch(kernel, (cdiv(x.numel(), c["block"]),), *ins, out, x.numel(), BLOCK=c["block"])
@@ -139,54 +114,45 @@ def _run(what: str, kernel, ins: list, **c):
 
 @probe
 def silu_mul(kernel, g, u, block: int = 64):
-    """out = silu(g) * u, elementwise, with `kernel[(cdiv(n, block),)](g, u, out, n,
-    BLOCK=block)`; g and u contiguous, same shape and dtype; out has their dtype."""
+    """out = silu(g) * u: `kernel[(cdiv(n, block),)](g, u, out, n, BLOCK=block)`."""
     return _run("silu_mul", kernel, [g, u], block=block)
 
 
 @probe
 def rmsnorm(kernel, x, w, eps: float = 1e-5, block: int = 32):
-    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one program per row:
-    `kernel[(R,)](x, w, out, C, x.stride(0), out.stride(0), eps, BLOCK=block)`;
-    x [R, C] with unit stride along C, w [C]."""
+    """RMSNorm of x [R, C] by rows: `kernel[(R,)](x, w, out, C, x.stride(0), out.stride(0), eps,
+    BLOCK=block)`."""
     return _run("rmsnorm", kernel, [x, w], eps=eps, block=block)
 
 
 @probe
 def matvec(kernel, W, x, block_n: int = 16, block_k: int = 32):
-    """y = W @ x for W [N, K] (any strides) and x [K] (contiguous), y [N] float32:
-    `kernel[(cdiv(N, block_n),)](W, x, y, N, K, W.stride(0), W.stride(1), BLOCK_N=block_n,
-    BLOCK_K=block_k)`."""
+    """y [N] fp32 = W [N, K] @ x [K]: `kernel[(cdiv(N, block_n),)](W, x, y, N, K, *W.stride(),
+    BLOCK_N=block_n, BLOCK_K=block_k)`."""
     return _run("matvec", kernel, [W, x], block_n=block_n, block_k=block_k)
 
 
 @probe
 def w8a16_gemv(kernel, x, qweight, scales, block_n: int = 16, block_k: int = 32):
-    """y = x @ (qweight * scales[:, None]).T, y [M, N] in x's dtype: one program per block of
-    outputs and row of x, `kernel[(cdiv(N, block_n), M)](x, qweight, scales, y, N, K,
-    x.stride(0), qweight.stride(0), y.stride(0), BLOCK_N=block_n, BLOCK_K=block_k)`."""
+    """y = x @ (qweight * scales[:, None]).T: `kernel[(cdiv(N, block_n), M)](x, qweight, scales,
+    y, N, K, x.stride(0), qweight.stride(0), y.stride(0), BLOCK_N=, BLOCK_K=)`."""
     return _run("w8a16_gemv", kernel, [x, qweight, scales], block_n=block_n, block_k=block_k)
 
 
 @probe
 def w4a16_gemv(kernel, x, qweight, scales, zeros, group_size: int, block_n: int = 16,
                block_k: int = 32):
-    """y = x @ W.T, W[n, k] = (q[n, k] - zeros[n, k // G]) * scales[n, k // G], q the packed
-    nibbles (byte j of a row: low nibble k = 2j, high nibble k = 2j + 1); y [M, N] in x's
-    dtype: `kernel[(cdiv(N, block_n), M)](x, qweight, scales, zeros, y, N, K, x.stride(0),
-    qweight.stride(0), scales.stride(0), y.stride(0), GROUP=group_size, BLOCK_N=block_n,
-    BLOCK_K=block_k)` (scales and zeros share their strides)."""
+    """y = x @ W.T, W = (nibbles - zeros) * scales by groups: as w8a16_gemv, with zeros after
+    scales, scales.stride(0) before y.stride(0) and GROUP=group_size."""
     return _run("w4a16_gemv", kernel, [x, qweight, scales, zeros], group_size=group_size,
                 block_n=block_n, block_k=block_k)
 
 
-# --- the checks ----------------------------------------------------------------------------------
 def _cases(keys: str, rows: list) -> list[dict]:
     return [dict(zip(keys.split(), row)) for row in rows]
 
 
-# N and K off the tiles, groups inside a tile (G < BLOCK_K) and tiles inside a group (G >
-# BLOCK_K), one row and several; rows of rmsnorm and gemv's x lie `stride` apart, NaN between
+# sizes off the tiles, groups inside a tile and tiles inside a group; rows `stride` apart
 _GEMV = _cases("M N K group_size block_n block_k dtype", [
     (1, 40, 96, 32, 16, 64, F32), (3, 40, 96, 32, 16, 32, F32), (2, 17, 128, 64, 8, 32, F32),
     (1, 24, 160, 16, 16, 64, BF16), (4, 9, 64, 64, 16, 128, F16)])
@@ -202,14 +168,11 @@ CASES = {
     "w8a16_gemv": [{k: v for k, v in c.items() if k != "group_size"} for c in _GEMV],
     "w4a16_gemv": _GEMV,
 }
-SEEDS = {"silu_mul": 4201, "rmsnorm": 4202, "matvec": 4203, "w8a16_gemv": 4204,
-         "w4a16_gemv": 4205}
+SEEDS = {what: 4201 + i for i, what in enumerate(CASES)}
 
 
 def case_inputs(what: str, c: dict, seed: int, fence: bool = False) -> list[torch.Tensor]:
-    """The inputs of a case, drawn from `seed` (the same on both sides). fence=True: on the
-    kernels' device, each inside a NaN fence (integers: their largest value); strided rows keep
-    NaN between them either way."""
+    """A case's inputs drawn from `seed`; fence=True: on the kernels' device in NaN fences."""
     g = torch.Generator().manual_seed(seed)
     dt = c.get("dtype", F32)
 
@@ -244,8 +207,7 @@ def case_inputs(what: str, c: dict, seed: int, fence: bool = False) -> list[torc
 
 @probe
 def fenced_run(what: str, kernel, case: dict, seed: int) -> torch.Tensor:
-    """(In the student's kernel) `kernel` launched as `what`'s launcher does on the case's
-    fenced inputs (case_inputs), into an output inside a NaN fence: the whole output buffer."""
+    """`kernel` as `what` on the case's fenced inputs: the whole fenced output buffer."""
     ins = case_inputs(what, case, seed, fence=True)
     shape, dtype = _output(what, ins)
     out, buffer = kc.nan_padded(torch.zeros(shape, dtype=dtype, device=ins[0].device))
@@ -253,14 +215,10 @@ def fenced_run(what: str, kernel, case: dict, seed: int) -> torch.Tensor:
     return buffer.cpu()
 
 
-def _describe(what: str, c: dict) -> str:
-    return ", ".join(f"{k}={str(v).replace('torch.', '')}" for k, v in c.items())
-
-
 def check_case(what: str, kernel, case: dict, seed: int, name: str | None = None) -> None:
-    """(In the tester) one case: AssertionError naming the likely mistake unless the kernel
-    writes the spec's values into its output and nothing around it."""
-    name = f"{name or what + '_kernel'} ({_describe(what, case)})"
+    """AssertionError unless the kernel writes the spec's values and nothing around them."""
+    sizes = ", ".join(f"{k}={str(v).replace('torch.', '')}" for k, v in case.items())
+    name = f"{name or what + '_kernel'} ({sizes})"
     ins = case_inputs(what, case, seed)
     extra = {"rmsnorm": ("eps",), "w4a16_gemv": ("group_size",)}.get(what, ())
     want = SPECS[what](*ins, *(case[k] for k in extra))
@@ -274,19 +232,16 @@ def check_case(what: str, kernel, case: dict, seed: int, name: str | None = None
 
 
 def check(what: str, kernel, name: str | None = None) -> None:
-    """Every case of CASES[what], each with its own seed."""
     for i, case in enumerate(CASES[what]):
         check_case(what, kernel, case, SEEDS[what] + i, name)
 
 
 check_silu_mul, check_rmsnorm, check_matvec, check_w8a16_gemv, check_w4a16_gemv = (
-    functools.partial(check, what) for what in CASES)      # the hidden tests' calls
+    functools.partial(check, what) for what in CASES)
 
 
-# --- speed on a GPU --------------------------------------------------------------------------------
 def _speed_inputs(fmt: str, N: int, K: int, group_size: int, dev: str):
-    """(x, codes, scales[, zeros]) of a random [N, K] layer at batch 1, bf16 activations, and
-    the bytes one product must move (codes, scales, x in, y out)."""
+    """([x, codes, scales(, zeros)] of a random layer, bf16 batch 1; the bytes a product moves)."""
     import kernels
     g = torch.Generator().manual_seed(4206)
     w = torch.randn(N, K, generator=g) / K ** 0.5
@@ -299,8 +254,7 @@ def _speed_inputs(fmt: str, N: int, K: int, group_size: int, dev: str):
 @probe
 def timed_gemv(fmt: str, kernel, N: int, K: int, group_size: int, *, dry_run: bool = False,
                warmup: int = 5, repeats: int = 30) -> dict:
-    """(In the student's kernel) their "w8a16" or "w4a16" kernel at M = 1 on _speed_inputs:
-    {"y": its output, "seconds": median seconds per launch (kernelcheck.seconds_per_call)}."""
+    """Their "w8a16" or "w4a16" kernel on _speed_inputs: {"y", "seconds": median per launch}."""
     ins, _ = _speed_inputs(fmt, N, K, group_size, "cpu" if dry_run else "cuda")
     c = {"block_n": 16, "block_k": 64 if dry_run else 256, "group_size": group_size}
     y = torch.empty(1, N, dtype=BF16, device=ins[0].device)
@@ -314,21 +268,13 @@ def timed_gemv(fmt: str, kernel, N: int, K: int, group_size: int, *, dry_run: bo
 
 def check_gemv_speed(fmt: str, kernel, *, dry_run: bool = False, N: int = 4096, K: int = 4096,
                      group_size: int = 128, warmup: int = 5, repeats: int = 30) -> dict:
-    """On a GPU: the student's "w8a16" or "w4a16" kernel at M = 1, bf16 activations, timed in
-    their kernel (`timed_gemv`) and checked against the course's (`kernels.w8a16_matmul` /
-    `w4a16_matmul`), timed here, and a device copy; AssertionError below GPU_SPEED. dry_run=True
-    runs the same path on the CPU (pass small N, K) and asserts nothing. Returns
-    kernelcheck.speed_report's report."""
+    """The speed report against the course's kernel; AssertionError below GPU_SPEED."""
     import kernels
     if fmt not in ("w8a16", "w4a16"):
         raise ValueError(f"fmt must be 'w8a16' or 'w4a16', got {fmt!r}")
     ins, moved = _speed_inputs(fmt, N, K, group_size, "cpu" if dry_run else "cuda")
-    if fmt == "w8a16":
-        def course():
-            return kernels.w8a16_matmul(*ins)
-    else:
-        def course():
-            return kernels.w4a16_matmul(*ins, group_size)
+    course = functools.partial(kernels.w8a16_matmul, *ins) if fmt == "w8a16" else \
+        functools.partial(kernels.w4a16_matmul, *ins, group_size)
     got = timed_gemv(fmt, kernel, N, K, group_size, dry_run=dry_run, warmup=warmup,
                      repeats=repeats)
     assert_close(got["y"].float(), course().float().cpu(), atol=2e-2, rtol=2e-2,

@@ -1,39 +1,15 @@
-"""Lab 07's probes and speed check (its Triton kernels: autograder/labs/lab07_triton.py).
-
-The allocator's pool lives here (`BlockPool`, which the notebook imports): a probe builds a fresh
-one in the student's kernel, replays operations on it with the student's functions and returns
-what each returned and the pool's state after it, as plain values:
-
-    from autograder.labs import lab07
-    lab07.pool_run({"allocate": allocate, "free": free_seq}, [("allocate", 0, 9), ("free", 0)],
-                   num_blocks=8, block_size=4)
-    # -> [{"result", "free", "ref_count", "tables", "lengths"} after each operation]
-
-The speed check: a paged decode step in torch gathers each sequence's cache with a few indexing
-operations, not one Python step per token. Reading K/V through a block table is one gather
-(`slot = table[pos // B] * B + pos % B` for all positions, then index the pool with all slots at
-once); the indirection itself is cheap. The usual way to lose this is a Python loop over token
-positions: two small tensor operations per token and layer. On one batch of four ragged
-sequences (CASE: 2100-3072 tokens, 8 query / 2 KV heads of 32, blocks of 16):
-
-    time(kernels.paged_attention_ref.paged_attention_decode_ref, in the tester)
-        / time(the student's paged_decode_torch, in their kernel: `timed_decode`)
-
-a ratio of medians measured interleaved on one torch thread, must reach THRESHOLD. The
-reference pads every sequence to the longest context, gathers them all with one index_select
-and checks its inputs (the serving engine's torch backend calls it too). The student's output
-must match it first (`decode_output`): a fast wrong answer earns nothing.
-"""
+"""Lab 07 (Triton kernels: lab07_triton.py): `BlockPool` and `pool_run`; the speed check times the
+student's torch paged decode against the course's reference."""
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import assert_close
-from autograder.labs.speedcheck import SpeedCheck, one_torch_thread
+from autograder.labs.speedcheck import SpeedCheck, assert_tensor_close, one_torch_thread
 from autograder.probes import probe
 from autograder.timing import time_ratio
 from kernels.intmath import cdiv
@@ -41,12 +17,8 @@ from kernels.paged_attention_ref import paged_attention_decode_ref
 
 # (context lengths, query heads N, KV heads K, head dim H, block size): ragged, GQA groups of 4
 CASE = ([3000, 2100, 2700, 3072], 8, 2, 32, 16)
-# required time(paged_attention_decode_ref) / time(student). Graded in the tester (the reference
-# there, the student's function in the kernel, one probe call per run) on a machine busy with
-# other work, 6 runs of each, 2 beside a busy loop: the reference itself 0.73-1.41, the
-# notebook's solution (a per-sequence gather) 0.73-0.87, a per-token loop 0.05-0.06 (`python -m
-# autograder.labs --tester --solution lab07`, 2026-11-29). 0.25 sits near their geometric
-# middle: 2.9x under the one, 4.2x over the other.
+# time(reference) / time(student), loaded, in the tester: the reference 0.73-1.41, the solution
+# (a per-sequence gather) 0.73-0.87, a per-token loop 0.05-0.06
 THRESHOLD = 0.25
 WARMUP, REPEATS = 1, 7
 
@@ -55,10 +27,10 @@ WARMUP, REPEATS = 1, 7
 class BlockPool:
     num_blocks: int
     block_size: int
-    free: deque = None                                  # free block ids, oldest-freed first
-    ref_count: list = None                              # ref_count[b]: tables holding block b
-    tables: dict = field(default_factory=dict)          # seq_id -> [block ids]
-    lengths: dict = field(default_factory=dict)         # seq_id -> tokens held
+    free: deque = None                              # free block ids, oldest-freed first
+    ref_count: list = None                          # ref_count[b]: tables holding block b
+    tables: dict = field(default_factory=dict)      # seq_id -> [block ids]
+    lengths: dict = field(default_factory=dict)     # seq_id -> tokens held
 
     def __post_init__(self):
         if self.free is None:
@@ -72,12 +44,7 @@ class BlockPool:
 
 @probe
 def pool_run(fns: dict, ops, num_blocks: int, block_size: int) -> list[dict]:
-    """Replay `ops` on a fresh BlockPool(num_blocks, block_size) with the student's functions,
-    fns = {"allocate": ..., "free": ..., "fork": ..., "append": ...} (the kinds `ops` uses):
-    ("allocate", seq, n_tokens), ("free", seq), ("fork", parent, child), ("append", seq). After
-    each: {"result": the table (allocate, fork), the copies as tuples (append), None (free), or
-    "RuntimeError" when it raised one; "free": the free list; "ref_count"; "tables";
-    "lengths"}."""
+    """Replay ops (kind, *args) on a fresh BlockPool with fns[kind]: the pool after each."""
     pool, steps = BlockPool(num_blocks, block_size), []
     for kind, *args in ops:
         try:
@@ -94,10 +61,8 @@ def pool_run(fns: dict, ops, num_blocks: int, block_size: int) -> list[dict]:
     return steps
 
 
-# --- the speed check -----------------------------------------------------------------------------
 def make_case(seed: int = 0, case=CASE):
-    """A NaN-poisoned pool of blocks holding len(lens) sequences in shuffled blocks.
-    Returns (q, k_cache, v_cache, block_tables, context_lens) in float32."""
+    """(q, k_cache, v_cache, block_tables, context_lens): shuffled blocks, NaN in unowned slots."""
     lens, N, K, H, block = case
     g = torch.Generator().manual_seed(seed)
     need = [cdiv(L, block) for L in lens]
@@ -114,49 +79,33 @@ def make_case(seed: int = 0, case=CASE):
         tables[b, :need[b]] = torch.tensor(ids, dtype=torch.int32)
         pos = torch.arange(L)
         used[torch.tensor(ids)[pos // block], pos % block] = True
-    k_cache[~used] = float("nan")            # slots no sequence owns: must never be read
+    k_cache[~used] = float("nan")
     v_cache[~used] = float("nan")
     q = torch.randn(len(lens), N, H, generator=g)
     return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32)
 
 
-_CASES: dict = {}
+_kept_case = functools.cache(make_case)
 
 
 @probe
 def decode_output(fn, seed: int = 0):
-    """What `fn(*make_case(seed))` returns, without gradients."""
     with torch.no_grad():
         return fn(*make_case(seed))
 
 
 @probe
 def timed_decode(fn, seed: int = 0) -> None:
-    """One timed run of `fn` on make_case(seed), built once per process."""
-    if seed not in _CASES:
-        _CASES[seed] = make_case(seed)
     with torch.no_grad(), one_torch_thread():
-        fn(*_CASES[seed])
+        fn(*_kept_case(seed))
 
 
 def paged_decode_speed(fn, *, seed: int = 0, warmup: int = WARMUP, repeats: int = REPEATS):
-    """time(paged_attention_decode_ref) / time(fn) on the CASE batch, interleaved: the
-    RatioResult (.ratio > 1: fn is faster). Checks fn's output against the reference first."""
+    """Check fn's output, then .ratio = median(reference) / median(fn) on CASE, interleaved."""
     case = make_case(seed)
-    with torch.no_grad():
-        want = paged_attention_decode_ref(*case)
-    got = decode_output(fn, seed)
-    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
-        raise AssertionError(f"paged decode returned {type(got).__name__} "
-                             f"{tuple(getattr(got, 'shape', ()))}, expected a tensor "
-                             f"{tuple(want.shape)}")
-    assert_close(got, want, atol=1e-4, rtol=1e-4,
-                 name="paged decode output on the timing batch vs the reference")
-
-    def reference():
-        with torch.no_grad():
-            paged_attention_decode_ref(*case)
-
+    reference = torch.no_grad()(lambda: paged_attention_decode_ref(*case))
+    assert_tensor_close(decode_output(fn, seed), reference(), 1e-4,
+                        "paged decode output on the timing batch vs the reference")
     return time_ratio(reference, lambda: timed_decode(fn, seed), warmup=warmup, repeats=repeats)
 
 
@@ -184,10 +133,9 @@ SPEED_CHECK = SpeedCheck(
     reference=paged_attention_decode_ref, counter_example=per_token_decode,
     solution=("paged_decode_torch", "07_slot_mapping", "07_paged_attention"),
     hint="your paged decode took {candidate_ms:.3g} ms for 4 sequences of 2100-3072 tokens, "
-         "{ratio:.2f}x the speed of the course's torch reference ({baseline_ms:.3g} ms, "
-         "median of {runs} interleaved runs); it must reach {at_least:g}x. Gather each "
-         "sequence's K/V with one indexing operation on all its slots, not a Python loop over "
-         "positions.")
+         "{ratio:.2f}x the speed of the course's torch reference ({baseline_ms:.3g} ms, median of "
+         "{runs} interleaved runs); it must reach {at_least:g}x. Gather each sequence's K/V with "
+         "one indexing operation on all its slots, not a Python loop over positions.")
 check_paged_decode_speed = SPEED_CHECK.check
 __all__ = ["BlockPool", "pool_run", "decode_output", "timed_decode", "make_case",
            "check_paged_decode_speed"]

@@ -1,18 +1,5 @@
-"""Lab 08's probes: the student's scores, pruning and distillation run where they live, on
-models built there from a spec (`build`: a shipped checkpoint's name, `random_model`'s keyword
-arguments, or {"config", "state"}); the tests compare what they return with minillm.pruning and
-minillm.distill, run in the tester on the same models built from the same specs:
-
-    from autograder.labs import lab08
-    lab08.importance_of(dict(seed=811, n_heads=4), batches, head_scores)   # the rest score 0
-    lab08.pruned(prune_model, "target", keep, x)       # -> config, weights, logits, ...
-    lab08.loss_and_grad(distillation_loss, s, t, 2.0)   # -> the loss and d loss / d s
-    lab08.distill_steps(distill_step, lab08.spec_of(student), "target", x, 0.5, 2.0)
-
-`score_model` is the notebook's helper: forward hooks at the four places
-`minillm.pruning.importance` reads hand each batch's activations to the student's three score
-functions, whose results are averaged over the batches, weighted by tokens. No timing here.
-"""
+"""Lab 08: probes run the student's scores, pruning and distillation on models built in their
+kernel from a spec (`build`). No timing."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +8,7 @@ import tempfile
 import torch
 
 import minillm
+from autograder import labs
 from autograder.probes import fresh_model, probe
 from minillm.config import ModelConfig
 from minillm.model import Transformer
@@ -28,13 +16,8 @@ from minillm.pruning import Importance, Keep
 
 
 def score_model(model, batches, head_scores, neuron_scores, block_influence) -> Importance:
-    """Importance of `model` on `batches` ([b, T] token ids each), from the given functions:
-
-    * head_scores(o_in [b, T, N*H], n_heads) -> [N]: o_proj's input, the heads side by side;
-    * neuron_scores(a [b, T, F or D]) -> [F or D]: down_proj's input silu(gate) * up (neurons),
-      and every RMSNorm's output (channels: the mean over the 2L + 1 norms);
-    * block_influence(x_in [b, T, D], x_out [b, T, D]) -> a number: a block's input and output.
-    """
+    """The notebook's helper: hooks hand each part's activations to its score function; the
+    Importance averages them over the batches, weighted by tokens."""
     c = model.config
     L, N = c.n_layers, c.n_heads
     heads, neurons = torch.zeros(L, N), torch.zeros(L, c.hidden_dim)
@@ -74,27 +57,16 @@ def score_model(model, batches, head_scores, neuron_scores, block_influence) -> 
 def random_model(seed: int, vocab_size: int = 97, dim: int = 48, n_layers: int = 3,
                  n_heads: int = 4, head_dim: int = 12, hidden_dim: int = 40,
                  tie_embeddings: bool = True) -> Transformer:
-    """A small random model whose weights are large enough for every part to matter (and the
-    norms' weights random, so that slicing them in the wrong order shows): the same from the
-    same seed, in the tester and in the kernel; the global RNG is left as it was."""
+    """Large weights (every part matters), random norms; the global RNG is left as it was."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Transformer(ModelConfig(vocab_size=vocab_size, dim=dim, n_layers=n_layers,
-                                        n_heads=n_heads, head_dim=head_dim,
-                                        hidden_dim=hidden_dim, max_seq_len=64,
-                                        tie_embeddings=tie_embeddings)).eval()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.uniform_(0.5, 1.5)
-                else:
-                    p.normal_(0.0, 0.3)
-    return model
+        return labs.random_model(seed, dict(
+            vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
+            head_dim=head_dim, hidden_dim=hidden_dim, max_seq_len=64,
+            tie_embeddings=tie_embeddings), 0.3, (0.5, 1.5))
 
 
 def build(spec) -> Transformer:
-    """The model a spec names: a shipped checkpoint (a fresh copy), `random_model(**spec)`, or
-    {"config": ModelConfig fields, "state": a state dict}."""
+    """A shipped checkpoint's name, random_model's kwargs, or {"config", "state"}: the model."""
     if isinstance(spec, str):
         return fresh_model(spec)
     if "state" not in spec:
@@ -106,7 +78,7 @@ def build(spec) -> Transformer:
 
 
 def spec_of(model: Transformer) -> dict:
-    """The spec that rebuilds `model` on the other side: its config and weights."""
+    """The spec that rebuilds `model` on the other side."""
     return {"config": dataclasses.asdict(model.config),
             "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
@@ -114,7 +86,7 @@ def spec_of(model: Transformer) -> dict:
 @probe
 def importance_of(model, batches, head_scores=None, neuron_scores=None,
                   block_influence=None) -> dict:
-    """The fields of `score_model(build(model), batches, ...)`; None scores every part 0."""
+    """The fields of score_model(build(model), batches, ...); a None score is 0."""
     def zero(*args):
         return 0.0
     return dataclasses.asdict(score_model(build(model), batches, head_scores or zero,
@@ -130,7 +102,7 @@ def _pruned(prune_model, model, keep: dict, x, reload: bool) -> dict:
            "num_params": small.num_params(), **spec_of(small)}
     with torch.no_grad():
         out["logits"] = small(x)
-        if reload:                       # a real checkpoint, saved and loaded back
+        if reload:
             from minillm.weights import save_checkpoint
             with tempfile.TemporaryDirectory() as d:
                 save_checkpoint(small, d)
@@ -145,17 +117,13 @@ def _pruned(prune_model, model, keep: dict, x, reload: bool) -> dict:
 
 
 def pruned(prune_model, model, keep: Keep, x, reload: bool = False) -> dict:
-    """`prune_model(m, keep)` on m = build(model): {"config", "state": the pruned model's,
-    "logits": on ids x, "num_params", "new_model": not m, "is_transformer", "input_unchanged":
-    m as before}; with `reload`, "reloaded_config" and "reloaded_logits" after a
-    save_checkpoint and minillm.load."""
+    """`prune_model(build(model), keep)`: the result (reload: saved and loaded back)."""
     return _pruned(prune_model, model, dataclasses.asdict(keep), x, reload)
 
 
 @probe
 def loss_and_grad(distillation_loss, student_logits, teacher_logits, *args):
-    """(`distillation_loss(s, teacher_logits, *args)`, its gradient with respect to s =
-    student_logits), the gradient None where the loss is not a differentiable scalar."""
+    """(the loss, its gradient in student_logits, or None if not a differentiable scalar)."""
     s = student_logits.clone().requires_grad_(True)
     loss = distillation_loss(s, teacher_logits.clone(), *args)
     if not (isinstance(loss, torch.Tensor) and loss.requires_grad and loss.numel() == 1):
@@ -166,9 +134,7 @@ def loss_and_grad(distillation_loss, student_logits, teacher_logits, *args):
 @probe
 def distill_steps(distill_step, student, teacher, x, lr: float, temperature: float,
                   steps: int = 2) -> dict:
-    """`steps` calls of `distill_step(s, t, x, torch.optim.SGD(s.parameters(), lr),
-    temperature)`, s = build(student), t = build(teacher): {"losses": what each returned,
-    "params": s's parameters after each, "teacher_grads": whether t got a nonzero gradient}."""
+    """`steps` calls of distill_step(s, t, x, SGD(s, lr), temperature) and their effects."""
     s, t = build(student), build(teacher)
     t.requires_grad_(True)               # as loaded: only the step can keep the teacher frozen
     opt = torch.optim.SGD(s.parameters(), lr=lr)

@@ -1,11 +1,4 @@
-"""The source notebook's own answer to a speed check, for the instructor's measurements.
-
-`notebook_solution(check, lab)` runs the lab's first code cell (its imports and set-up) and
-then the solution cells named by `check.solution`, from `labs/NN_topic/NN_topic.ipynb` in the
-course root, and returns the function. The ranges in autograder/README.md for "the notebook's
-solution" come from `python -m autograder.labs --solution`. The source notebooks are not
-inside the grading sandbox, so a submission cannot reach them through this module.
-"""
+"""The source notebook's own answer to a speed check, for the instructor's measurements."""
 from __future__ import annotations
 
 import json
@@ -26,8 +19,7 @@ def lab_notebook(lab: str, labs: Path = LABS) -> Path:
 
 
 def notebook_solution(check, lab: str, labs: Path = LABS):
-    """The function `check.solution[0]`, defined by running the notebook's first code cell and
-    the solution cells `check.solution[1:]` (by grade id, in notebook order)."""
+    """`check.solution[0]` from the notebook's first code cell and cells `check.solution[1:]`."""
     if len(check.solution) < 2:
         raise ValueError(f"{check.grade_id}: the SpeedCheck names no notebook solution "
                          f"(solution=(function name, cell grade ids...))")
