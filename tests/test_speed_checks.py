@@ -72,9 +72,9 @@ def test_delegating_to_the_reference_fails_where_it_is_withheld(lab, tmp_path):
     withheld, the library reference handed in as the candidate fails its lab's check."""
     import nbformat
 
-    from autograder.labs.solutions import lab_notebook
     from autograder.tester_plan import withheld_of
     from autograder.withheld import build
+    from benchmarks.speed_checks import lab_notebook
     nb = nbformat.read(str(lab_notebook(lab)), as_version=4)
     course, _ = build(withheld_of(nb), lab, tmp_path / "course")
     code = (f"from autograder.labs import speed_checks\n"
@@ -123,13 +123,13 @@ def test_every_lab_with_a_speed_test_has_a_check():
 
 
 def test_the_measuring_command_reports_both_candidates():
-    """`python -m autograder.labs` (the source of the ranges in autograder/README.md)."""
-    out = subprocess.run([sys.executable, "-m", "autograder.labs", "lab01", "--runs", "2",
+    """`python -m benchmarks.speed_checks` (the source of the ranges in autograder/README.md)."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.speed_checks", "lab01", "--runs", "2",
                           "--loaded", "1", "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout)["checks"]["lab01"]
     assert row["reference"]["min"] >= row["threshold"] > row["counter_example"]["max"]
-    bad = subprocess.run([sys.executable, "-m", "autograder.labs", "lab99"],
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.speed_checks", "lab99"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "no speed check for ['lab99']" in bad.stderr
 
@@ -138,7 +138,7 @@ def test_the_measuring_command_reports_both_candidates():
 def test_the_notebooks_own_solution_passes(lab):
     """The source notebook's answer (SpeedCheck.solution, run from its cells) passes the check,
     under a competing load too."""
-    from autograder.labs.solutions import notebook_solution
+    from benchmarks.speed_checks import notebook_solution
     check = CHECKS[lab]
     solution = notebook_solution(check, lab)
     results = verdicts(lambda: check.passes(solution))
@@ -148,7 +148,7 @@ def test_the_notebooks_own_solution_passes(lab):
 def test_a_missing_solution_cell_is_named():
     from dataclasses import replace
 
-    from autograder.labs.solutions import lab_notebook, notebook_solution
+    from benchmarks.speed_checks import lab_notebook, notebook_solution
     check = replace(CHECKS["lab07"], solution=("paged_decode_torch", "07_no_such_cell"))
     with pytest.raises(ValueError, match="no code cell with grade id \\['07_no_such_cell'\\]"):
         notebook_solution(check, "lab07")

@@ -1,5 +1,13 @@
-"""Measure every lab's speed check: `python -m autograder.labs [--runs N] [--loaded K] [LAB ...]`
-(autograder/README.md, "Timed claims")."""
+"""Measure every lab's speed check (autograder/README.md, "Timed claims"):
+
+    .venv/bin/python -m benchmarks.speed_checks [--runs N] [--loaded K] [--tester] [--solution] [LAB ...]
+
+Each candidate of a lab's SpeedCheck (autograder/labs/labNN.py) -- the reference, the
+counter-example and, with --solution, the source notebook's own answer -- is measured --runs
+times, the last --loaded of them beside a busy core; --tester runs it as graded, the candidate in
+a process of its own and the check in a tester. The ranges go to the README's speed table and
+benchmarks/RESULTS.md. (Until 2026-11-29 this was `python -m autograder.labs`.)
+"""
 from __future__ import annotations
 
 import argparse
@@ -11,10 +19,47 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from autograder.labs import speed_checks
-from autograder.labs.solutions import notebook_solution
 from autograder.steady_malloc import steady
+
+LABS = Path(__file__).resolve().parents[1] / "labs"
+
+
+def lab_notebook(lab: str, labs: Path = LABS) -> Path:
+    """labs/NN_topic/NN_topic.ipynb for lab "labNN"."""
+    number = lab.removeprefix("lab")
+    found = sorted(labs.glob(f"{number}_*/{number}_*.ipynb"))
+    found = [p for p in found if p.parent.name == p.stem]
+    if len(found) != 1:
+        raise FileNotFoundError(f"no single source notebook for {lab} under {labs} "
+                                f"(found {[str(p) for p in found]})")
+    return found[0]
+
+
+def notebook_solution(check, lab: str, labs: Path = LABS):
+    """`check.solution[0]` from the notebook's first code cell and cells `check.solution[1:]`."""
+    if len(check.solution) < 2:
+        raise ValueError(f"{check.grade_id}: the SpeedCheck names no notebook solution "
+                         f"(solution=(function name, cell grade ids...))")
+    name, cell_ids = check.solution[0], set(check.solution[1:])
+    path = lab_notebook(lab, labs)
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    chosen = [cells[0]] + [c for c in cells[1:] if
+                           c["metadata"].get("nbgrader", {}).get("grade_id") in cell_ids]
+    missing = cell_ids - {c["metadata"].get("nbgrader", {}).get("grade_id") for c in chosen}
+    if missing:
+        raise ValueError(f"{path} has no code cell with grade id {sorted(missing)}")
+    namespace: dict = {"__name__": f"{lab}_notebook"}
+    for cell in chosen:
+        source = "".join(line for line in "".join(cell["source"]).splitlines(keepends=True)
+                         if not line.lstrip().startswith(("%", "!")))     # IPython magics
+        exec(compile(source, str(path), "exec"), namespace)
+    if not callable(namespace.get(name)):
+        raise ValueError(f"the solution cells {sorted(cell_ids)} of {path} define no function "
+                         f"{name!r}")
+    return namespace[name]
 
 
 @contextlib.contextmanager
@@ -44,7 +89,7 @@ from autograder.steady_malloc import steady
 steady()                        # as a graded kernel does
 from autograder.kernel_side import serve
 from autograder.labs import speed_checks
-from autograder.labs.solutions import notebook_solution
+from benchmarks.speed_checks import notebook_solution
 lab, which = sys.argv[2], sys.argv[3]
 check = speed_checks()[lab]
 serve(sys.argv[1], {"candidate": notebook_solution(check, lab) if which == "solution"
@@ -79,8 +124,8 @@ def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> li
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autograder.labs",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.speed_checks",
+                                 description=__doc__.split("\n")[0].rstrip(":"))
     ap.add_argument("labs", nargs="*", help="labNN names (default: every lab with a speed check)")
     ap.add_argument("--runs", type=int, default=10, help="runs per candidate (default 10)")
     ap.add_argument("--loaded", type=int, default=4,
