@@ -301,10 +301,7 @@ def _cell_errors(path: Path) -> dict[str, list[str]]:
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error":
                 evalue = str(o.get("evalue", "")).strip()
-                msg = f"{o.get('ename')}: {evalue}" if evalue else str(o.get("ename"))
-                if (where := _failing_line(o.get("traceback", []))) and not evalue:  # `assert`
-                    msg += f" at: {where}"
-                msgs.append(msg)
+                msgs.append(f"{o.get('ename')}: {evalue}" if evalue else str(o.get("ename")))
             elif o.get("output_type") == "stream" and o.get("name") == "stderr":
                 text = "".join(o.get("text", "")).strip()
                 msgs.append("output on stderr (nbgrader scores it as a failure): "
@@ -312,22 +309,6 @@ def _cell_errors(path: Path) -> dict[str, list[str]]:
         if msgs:
             out[gid] = msgs
     return out
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _failing_line(traceback: list[str]) -> str | None:
-    """The line of the graded cell that raised (the '---->' line of the first cell frame)."""
-    for frame in traceback:
-        frame = _ANSI.sub("", frame)
-        if "Cell In[" not in frame and "<ipython-input" not in frame:
-            continue
-        for line in frame.splitlines():
-            if m := re.match(r"^-*>\s*\d+\s(.*)$", line):
-                return m.group(1).strip()
-        return None
-    return None
 
 
 def _tail(text: str, n: int = 2000) -> str:

@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -193,40 +192,23 @@ def _sandbox_tree(pid: int | None) -> list[psutil.Process]:
 
 
 class SandboxKernelManager(AsyncKernelManager):
-    """An AsyncKernelManager whose kernel runs inside bwrap. Set `sandbox` (or use
-    `with_sandbox(spec)`); without one, SandboxSpec.default() with nbclient's `cwd`. Signals go
-    to the kernel inside, not to bwrap: bwrap does not forward them, and SIGINT would kill it."""
+    """An AsyncKernelManager whose kernel runs inside bwrap, in `sandbox`. Signals go to the
+    kernel inside, not to bwrap: bwrap does not forward them, and SIGINT would kill it."""
 
     sandbox = Instance(SandboxSpec, allow_none=True, help="the sandbox the kernel runs in")
-    default_sandbox: SandboxSpec | None = None      # set by with_sandbox()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.transport = "ipc"
         self.cache_ports = False
         self._active_spec: SandboxSpec | None = None
-        self._own_runtime_dir: Path | None = None
         self._filter_fd: int | None = None
-
-    @classmethod
-    def with_sandbox(cls, spec: SandboxSpec) -> type[SandboxKernelManager]:
-        """A subclass whose kernels run in `spec` (for nbclient's `kernel_manager_class`)."""
-        return type(cls.__name__, (cls,), {"default_sandbox": spec})
-
-    def _resolve_spec(self, cwd) -> SandboxSpec:
-        if (spec := self.sandbox or self.default_sandbox) is not None:
-            return spec
-        if not cwd:
-            raise RuntimeError("SandboxKernelManager: no sandbox spec and no cwd to use as the "
-                               "sandbox's workdir")
-        if self._own_runtime_dir is None:         # kept across restarts
-            self._own_runtime_dir = Path(tempfile.mkdtemp(prefix="sbx-"))
-        return SandboxSpec.default(Path(cwd), self._own_runtime_dir)
 
     async def _async_pre_start_kernel(self, **kw):
         if reason := sandbox_unavailable_reason():
             raise RuntimeError(reason)
-        spec = self._resolve_spec(kw.get("cwd"))
+        if (spec := self.sandbox) is None:
+            raise RuntimeError("SandboxKernelManager: no sandbox (a SandboxSpec) to run in")
         # JPY_PARENT_PID=1 (the sandbox's init): also stops ipykernel's "Ctrl-C" banner
         self._active_spec = replace(spec, env={"JPY_PARENT_PID": "1", **spec.env})
         spec.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -324,14 +306,6 @@ class SandboxKernelManager(AsyncKernelManager):
             _kill_all(tree)
 
     shutdown_kernel = _async_shutdown_kernel
-
-    async def _async_cleanup_resources(self, restart: bool = False) -> None:
-        await super()._async_cleanup_resources(restart=restart)
-        if not restart and self._own_runtime_dir is not None:
-            shutil.rmtree(self._own_runtime_dir, ignore_errors=True)
-            self._own_runtime_dir = None
-
-    cleanup_resources = _async_cleanup_resources
 
 
 def _kill_all(procs: list[psutil.Process], wait: float = 2.0) -> None:

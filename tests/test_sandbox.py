@@ -197,9 +197,11 @@ def probe_run(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(SECRET, SECRET_VALUE)
+        class InSpec(SandboxKernelManager):     # the client's own: it shuts the kernel down
+            def __init__(self, **kw):
+                super().__init__(sandbox=spec, **kw)
         client = NotebookClient(nb, kernel_name="python3", timeout=60,
-                                kernel_manager_class=SandboxKernelManager.with_sandbox(spec),
-                                on_cell_executed=on_cell_executed)
+                                kernel_manager_class=InSpec, on_cell_executed=on_cell_executed)
         client.execute()
         deadline = time.monotonic() + 5       # the kernel has been shut down: daemons gone?
         while daemons() and time.monotonic() < deadline:
@@ -329,27 +331,22 @@ def test_cell_timeout_interrupts_the_kernel_inside(tmp_path):
 
 def test_kernel_exit_is_a_dead_kernel(tmp_path):
     """os._exit in a cell: nbclient raises DeadKernelError at once (the sandbox ends with its
-    kernel, so bwrap exits). Also the spec-less manager: workdir = nbclient's cwd (resources
-    path), a temporary runtime directory that is removed afterwards."""
-    specs = []
-
-    class Recording(SandboxKernelManager):
-        def _resolve_spec(self, cwd):
-            specs.append(super()._resolve_spec(cwd))
-            return specs[-1]
-
+    kernel, so bwrap exits); the kernel ran in the spec's workdir. A manager without a spec
+    refuses to start."""
     nb = _notebook(["import os; open('cwd.txt', 'w').write(os.getcwd())",
                     "os._exit(1)", "print('unreachable')"])
-    client = NotebookClient(nb, timeout=60, kernel_manager_class=Recording,
-                            resources={"metadata": {"path": str(tmp_path)}})
+    spec = _spec(tmp_path)
+    client = NotebookClient(nb, SandboxKernelManager(kernel_name="python3", sandbox=spec),
+                            timeout=60)
     t0 = time.monotonic()
     with pytest.raises(DeadKernelError):
         client.execute()
     assert time.monotonic() - t0 < 20
     assert _stdout(nb.cells[2]) == ""
-    assert (tmp_path / "cwd.txt").read_text() == str(tmp_path.resolve())
-    assert len(specs) == 1 and specs[0].workdir == tmp_path.resolve()
-    assert not specs[0].runtime_dir.exists()
+    assert (spec.workdir / "cwd.txt").read_text() == str(spec.workdir)
+    with pytest.raises(RuntimeError, match="no sandbox"):
+        NotebookClient(_notebook(["1"]), SandboxKernelManager(kernel_name="python3"),
+                       timeout=60).execute()
 
 
 # --- the command itself ----------------------------------------------------------------------
