@@ -64,8 +64,9 @@ def _label(job: Any, i: int) -> str:
 class _Results:
     """One slot per job, filled once (a late second answer is dropped); logs each."""
 
-    def __init__(self, jobs: list[Job], log: Callable[[str], Any]):
-        self.jobs, self.log = jobs, log
+    def __init__(self, jobs: list[Job], log: Callable[[str], Any],
+                 on_result: Callable[[int, Result], Any] = lambda i, result: None):
+        self.jobs, self.log, self.on_result = jobs, log, on_result
         self.slots: list[Result | None] = [None] * len(jobs)
         self.count = 0
 
@@ -88,6 +89,7 @@ class _Results:
                      f"{_one_line(result['error'], 200)}")
         else:
             self.log(f"{head} done on worker {where} in {secs} s")
+        self.on_result(i, result)
 
 
 def _drain(res: _Results, events: queue.SimpleQueue, timeout: float | None,
@@ -262,14 +264,16 @@ def _run_dask(fn, jobs: list[Job], scheduler: str, timeout: float | None, res: _
 
 def run_jobs(fn: Callable[[Job], Result], jobs: list[Job], *, workers: int = 1,
              scheduler: str | None = None, log: Callable[[str], Any] = print,
-             timeout: float | None = None) -> list[Result]:
-    """``fn(job)`` for every job, in order: on the Dask `scheduler`, else `workers` at a time."""
+             timeout: float | None = None,
+             on_result: Callable[[int, Result], Any] = lambda i, result: None) -> list[Result]:
+    """``fn(job)`` for every job, in order: on the Dask `scheduler`, else `workers` at a time.
+    `on_result(i, result)` hears of each as it comes (in this thread: keep it quick)."""
     jobs = list(jobs)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    res = _Results(jobs, log)
+    res = _Results(jobs, log, on_result)
     if not jobs:
         return []
     if scheduler:

@@ -3,8 +3,10 @@
 """
 from __future__ import annotations
 
+import queue
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -124,27 +126,21 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
             where += (", each on CPUs of its own: " if slots.disjoint else
                       ", more jobs than cores, so some share CPUs: ") + slots.describe()
     log(f"executing {len(jobs)} submission(s), {where} ...")
+    # each result is recorded (`nbgrader autograde`, one at a time) while the others still run
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    recorded: dict[int, GradeRecord] = {}
+    recorder = threading.Thread(target=_record_all, args=(course, jobs, results, recorded, log),
+                                name="record", daemon=True)
+    recorder.start()
     from .distribute import run_jobs
-    results = run_jobs(execute, jobs, workers=workers, scheduler=scheduler, log=log)
-    log(f"executed in {time.monotonic() - t0:.0f} s; recording the grades ...")
-
-    records = []
-    for i, (job, result) in enumerate(zip(jobs, results), 1):
-        try:
-            rec = _jobs.record(course, job, result)
-        except Exception as e:                  # the batch goes on whatever happens
-            log(f"    grader error: {e!r}")
-            try:
-                course.zero_submission(job["student"], job["lab"])
-                cells = course.scores(job["student"], job["lab"])
-            except Exception:
-                cells = []
-            rec = GradeRecord(student=job["student"], lab=job["lab"],
-                              status=f"grader error: {e!r}"[:60], seconds=0.0,
-                              exec_seconds=None, cells=cells)
-        log(f"[{i}/{len(jobs)}] {rec.student} / {rec.lab}: {rec.status}: "
-            f"{rec.score:g} / {rec.max_score:g}")
-        records.append(rec)
+    try:
+        run_jobs(execute, jobs, workers=workers, scheduler=scheduler, log=log,
+                 on_result=lambda i, result: results.put((i, result)))
+        log(f"executed in {time.monotonic() - t0:.0f} s; recording the last grades ...")
+    finally:
+        results.put(None)
+        recorder.join()
+    records = [recorded[i] for i in range(len(jobs))]
     if similarity:                      # before the CSV, which shows the matches
         from .similarity import compare
         compare(course, labs, similarity_archive, log)
@@ -160,6 +156,29 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
     log("")
     log(format_table(records, course))
     return records
+
+
+def _record_all(course: Course, jobs: list[dict], results: queue.SimpleQueue, records: dict,
+                log) -> None:
+    """Record each (i, result) from `results` until None; a failure zeroes that submission."""
+    while (item := results.get()) is not None:
+        i, result = item
+        job = jobs[i]
+        try:
+            rec = _jobs.record(course, job, result)
+        except Exception as e:                  # the batch goes on whatever happens
+            log(f"    grader error: {e!r}")
+            try:
+                course.zero_submission(job["student"], job["lab"])
+                cells = course.scores(job["student"], job["lab"])
+            except Exception:
+                cells = []
+            rec = GradeRecord(student=job["student"], lab=job["lab"],
+                              status=f"grader error: {e!r}"[:60], seconds=0.0,
+                              exec_seconds=None, cells=cells)
+        records[i] = rec
+        log(f"[{len(records)}/{len(jobs)}] {rec.student} / {rec.lab}: {rec.status}: "
+            f"{rec.score:g} / {rec.max_score:g}")
 
 
 def format_table(records: list[GradeRecord], course: Course | None = None) -> str:
