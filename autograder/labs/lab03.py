@@ -29,8 +29,7 @@ THRESHOLD = 1.5
 WARMUP, REPEATS = 2, 7
 
 
-def random_model(seed: int, config: dict):
-    return labs.random_model(seed, config, 0.2)
+random_model = functools.partial(labs.random_model, std=0.2)
 
 
 def variant(steps=(), seed: int | None = None, config: dict | None = None):

@@ -20,13 +20,6 @@ THRESHOLD = 1.1
 WARMUP, REPEATS = 3, 21
 
 
-def held_bytes(layer: nn.Module) -> int:
-    """Bytes of every tensor a layer holds: plain attributes, buffers and parameters."""
-    held = {id(t): t for t in vars(layer).values() if torch.is_tensor(t)}
-    held.update((id(t), t) for t in list(layer.buffers()) + list(layer.parameters()))
-    return sum(t.nbytes for t in held.values())
-
-
 def linear_with(weight: torch.Tensor) -> nn.Linear:
     lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     with torch.no_grad():
@@ -51,9 +44,12 @@ def awq(awq_search, weight, x, *args, **kwargs):
 
 @probe
 def int4_layer(layer_cls, weight, group_size: int, x) -> dict:
+    """{"bytes": of every tensor the layer holds (attributes, buffers, parameters), "y"}."""
     layer = layer_cls(linear_with(weight), group_size)
+    held = {id(t): t for t in vars(layer).values() if torch.is_tensor(t)}
+    held.update((id(t), t) for t in list(layer.buffers()) + list(layer.parameters()))
     with torch.no_grad():
-        return {"bytes": held_bytes(layer), "y": layer(x)}
+        return {"bytes": sum(t.nbytes for t in held.values()), "y": layer(x)}
 
 
 def make_layer(shape=SHAPE, rows: int = 1, seed: int = 0):
@@ -146,5 +142,5 @@ SPEED_CHECK = SpeedCheck(
          "{at_least:g}x. Does your forward dequantize the weight (or convert the layout) on every "
          "call instead of handing the packed codes to the kernel?")
 check_int4_speedup = SPEED_CHECK.check
-__all__ = ["model_call", "awq", "int4_layer", "timed_int4", "int4_outputs", "held_bytes",
+__all__ = ["model_call", "awq", "int4_layer", "timed_int4", "int4_outputs",
            "check_int4_speedup"]

@@ -258,9 +258,7 @@ def timed_gemv(fmt: str, kernel, N: int, K: int, group_size: int, *, dry_run: bo
     ins, _ = _speed_inputs(fmt, N, K, group_size, "cpu" if dry_run else "cuda")
     c = {"block_n": 16, "block_k": 64 if dry_run else 256, "group_size": group_size}
     y = torch.empty(1, N, dtype=BF16, device=ins[0].device)
-
-    def run():
-        _launch(f"{fmt}_gemv", kernel, ins, y, c)
+    run = functools.partial(_launch, f"{fmt}_gemv", kernel, ins, y, c)
     run()
     return {"y": y.cpu(), "seconds": kc.seconds_per_call(run, dry_run=dry_run, warmup=warmup,
                                                          repeats=repeats)}

@@ -72,10 +72,8 @@ def make_case(seed: int = 0, case=CASE):
     perm = torch.randperm(num_blocks, generator=g).tolist()
     tables = torch.full((len(lens), max(need)), -1, dtype=torch.int32)
     used = torch.zeros(num_blocks, block, dtype=torch.bool)
-    start = 0
     for b, L in enumerate(lens):
-        ids = perm[start:start + need[b]]
-        start += need[b]
+        ids = perm[sum(need[:b]):sum(need[:b + 1])]
         tables[b, :need[b]] = torch.tensor(ids, dtype=torch.int32)
         pos = torch.arange(L)
         used[torch.tensor(ids)[pos // block], pos % block] = True

@@ -3,6 +3,7 @@ SPLIT_CASES on a fenced case, the likely mistake named; on a GPU, timed (KERNEL_
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -111,15 +112,12 @@ def kernel_case(lens, N, K, H, block_size, dtype=torch.float32, block_t=16, larg
     width = cdiv(reach, block_size) + 1
     perm = torch.randperm(num_blocks, generator=g).tolist()
     owned, spares = perm[:sum(need)], perm[sum(need):]
-    k_cache = torch.full((num_blocks, block_size, K, H), float("nan"))
-    v_cache = torch.full((num_blocks, block_size, K, H), float("nan"))
+    k_cache, v_cache = (torch.full((num_blocks, block_size, K, H), math.nan) for _ in "kv")
     tables = torch.full((len(lens), width), -1, dtype=torch.int32)
     common = torch.randn(K, H, generator=g)
     common = common / common.norm(dim=-1, keepdim=True) * H ** 0.5      # |common|^2 = H
-    start = 0
     for b, L in enumerate(lens):
-        ids = owned[start:start + need[b]]
-        start += need[b]
+        ids = owned[sum(need[:b]):sum(need[:b + 1])]
         extra = [spares[(b + j) % spare] if j % 2 else -1 for j in range(width - need[b])]
         tables[b] = torch.tensor(ids + extra, dtype=torch.int32)
         k = torch.randn(L, K, H, generator=g)
@@ -135,29 +133,20 @@ def kernel_case(lens, N, K, H, block_size, dtype=torch.float32, block_t=16, larg
     q, k_cache, v_cache = (t.to(dtype).to(device) for t in (q, k_cache, v_cache))
     pads = kernel_tiles(N, K, H)
     q = kc.nan_padded(q, pad=pads["BLOCK_G"] * pads["BLOCK_H"])[0]
-    k_cache = kc.nan_padded(k_cache, pad=block_size * K * H)[0]
-    v_cache = kc.nan_padded(v_cache, pad=block_size * K * H)[0]
+    k_cache, v_cache = (kc.nan_padded(t, pad=block_size * K * H)[0] for t in (k_cache, v_cache))
     tables = kc.nan_padded(tables.to(device), pad=block_t, fill=-1)[0]
     return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32, device=device)
 
 
 def split_reference(q, k_cache, v_cache, tables, lens, scale, num_splits):
     """(partials, lse) a split kernel must write, fp32; zeros and -inf for an empty split."""
-    import kernels.paged_attention_ref as par
+    from kernels.paged_attention_ref import _partial_attention
     tps = tokens_per_split(tables.shape[1], k_cache.shape[1], num_splits)
-    longest = int(lens.max())
-    parts, lses = [], []
-    for s in range(num_splits):
-        t0, t1 = s * tps, min((s + 1) * tps, longest)
-        if t0 >= t1:
-            parts.append(torch.zeros(q.shape, dtype=torch.float32, device=q.device))
-            lses.append(torch.full(q.shape[:2], float("-inf"), device=q.device))
-            continue
-        o, lse = par._partial_attention(q, k_cache, v_cache, tables, lens, q.shape[-1] ** -0.5
-                                        if scale is None else scale, t0, t1)
-        parts.append(o)
-        lses.append(lse)
-    return torch.stack(parts, dim=2), torch.stack(lses, dim=2)
+    scale, longest = q.shape[-1] ** -0.5 if scale is None else scale, int(lens.max())
+    parts = [_partial_attention(q, k_cache, v_cache, tables, lens, scale, s * tps,
+                                max(s * tps, min((s + 1) * tps, longest)))  # empty: zeros, -inf
+             for s in range(num_splits)]
+    return tuple(torch.stack(x, dim=2) for x in zip(*parts))
 
 
 _OUT_TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

@@ -87,10 +87,8 @@ def spec_of(model: Transformer) -> dict:
 def importance_of(model, batches, head_scores=None, neuron_scores=None,
                   block_influence=None) -> dict:
     """The fields of score_model(build(model), batches, ...); a None score is 0."""
-    def zero(*args):
-        return 0.0
-    return dataclasses.asdict(score_model(build(model), batches, head_scores or zero,
-                                          neuron_scores or zero, block_influence or zero))
+    scores = [fn or (lambda *args: 0.0) for fn in (head_scores, neuron_scores, block_influence)]
+    return dataclasses.asdict(score_model(build(model), batches, *scores))
 
 
 @probe
