@@ -420,3 +420,75 @@ def test_gpus_that_do_not_divide_the_heads_show_a_message(ex):
     st = ex.set(gpus=16)
     assert st["error"] and "divide N = 40" in st["error"]
     reset(ex)
+
+
+# ---- lab 01: the explorer on the student's own functions (the course's are withheld there) ----
+
+def lecture_formulas() -> dict:
+    """Lab 01's four functions as its solution writes them (the lecture's notation)."""
+    def num_params(D, F, N, K, H, L, V):
+        return 2 * V * D + L * (2 * D * N * H + 2 * D * K * H + 3 * D * F)
+
+    def napkin(B, S, model, gpu, bytes_per_param=2):
+        params = num_params(**model)
+        kv = S * model["K"] * model["H"] * model["L"] * 2 * bytes_per_param
+        memory = B * kv + params * bytes_per_param
+        latency = memory / gpu["bandwidth"]
+        return {"params": params, "param_bytes": params * bytes_per_param,
+                "kv_bytes_per_seq": kv, "memory_bytes": memory, "latency_s": latency,
+                "throughput_tok_s": B / latency, "fits": memory <= gpu["memory"]}
+
+    def tensor_parallel(B, S, model, gpu, G, link_bandwidth, allreduce_latency_s=0.0,
+                        bytes_per_param=2):
+        per_gpu = napkin(B, S, model, gpu, bytes_per_param)["memory_bytes"] / G
+        comm = 2 * model["L"] * (2 * (G - 1) / G * B * model["D"] * 2 / link_bandwidth
+                                 + allreduce_latency_s) if G > 1 else 0.0
+        latency = per_gpu / gpu["bandwidth"] + comm
+        return {"memory_per_gpu_bytes": per_gpu, "comm_s": comm, "latency_s": latency,
+                "throughput_tok_s": B / latency, "fits": per_gpu <= gpu["memory"]}
+
+    def max_batch_that_fits(S, model, gpu, bytes_per_param=2):
+        one = napkin(1, S, model, gpu, bytes_per_param)
+        return max(0, math.floor((gpu["memory"] - one["param_bytes"]) / one["kv_bytes_per_seq"]))
+
+    return dict(napkin=napkin, tensor_parallel=tensor_parallel,
+                max_batch_that_fits=max_batch_that_fits,
+                accelerator_intensity=lambda flops_per_s, bytes_per_s: flops_per_s / bytes_per_s)
+
+
+def test_lab01_formulas_drive_the_explorer_as_the_course_does():
+    """Lab 01 hands the explorer the student's functions: for a model the lecture counts
+    (untied head, every layer attends) they show what minillm.roofline shows."""
+    mine, course = napkin_explorer(formulas=lecture_formulas()), napkin_explorer()
+    keys = ("params", "param_bytes", "kv_bytes_per_seq", "kv_bytes", "memory_bytes", "latency_s",
+            "throughput_tok_s", "fits", "max_throughput_tok_s", "accelerator_intensity")
+    split = ("memory_per_gpu_bytes", "comm_s", "copies_latency_s", "copies_throughput_tok_s",
+             "copies_fit")
+    for values in [{}, dict(batch=256, n_kv_heads=8), dict(model="llama-3-8b", seq_len=4096),
+                   dict(gpu="a100", bytes_per_param=1.0, memory_gb=30.0),
+                   dict(model="llama-2-13b", gpu="h100", batch=256, gpus=4, link="pcie"),
+                   dict(gpus=8, n_kv_heads=8, allreduce_us=0.0)]:
+        a, b = mine.set(**values), course.set(**values)
+        assert a["error"] is None and b["error"] is None, (a["error"], b["error"])
+        for key in keys + (split if mine.controls["gpus"].value > 1 else ()):
+            assert a["row"][key] == pytest.approx(b["row"][key], rel=1e-9), (values, key)
+        assert a["max_batch"] == b["max_batch"] and a["plot"]["batch"] == b["plot"]["batch"]
+        assert re.sub(r"\d", "", a["readout_text"]) == re.sub(r"\d", "", b["readout_text"])
+    assert mine.set(gpus=16, n_kv_heads=40)["error"].startswith("G = 16 GPUs must divide N = 40")
+
+
+def test_lab01_formulas_that_fail_show_a_message():
+    def unwritten(*args, **kwargs):
+        raise NotImplementedError()
+
+    ex = napkin_explorer(formulas=lecture_formulas() | {"napkin": unwritten})
+    assert ex.state["error"] == "your napkin raised NotImplementedError: "
+    assert ERROR_CLASS in ex.readout.value and ex.plot.outputs == ()
+    ex = napkin_explorer(formulas=lecture_formulas() | {"napkin": lambda *a, **k: {}})
+    assert "your napkin returned no number under 'params'" in ex.state["error"]
+    ex = napkin_explorer(formulas=lecture_formulas() | {
+        "tensor_parallel": lambda *a, **k: {"latency_s": 1.0}})
+    assert ex.state["error"] is None and "no number" in ex.set(gpus=2)["error"]
+    with pytest.raises(ValueError, match=r"missing or not callable: \['tensor_parallel'"):
+        napkin_explorer(formulas={"napkin": unwritten, "max_batch_that_fits": unwritten,
+                                  "accelerator_intensity": unwritten})

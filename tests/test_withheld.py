@@ -99,3 +99,37 @@ for target in {targets!r}:
     print(target, "is withheld while" in text)
 """)
     assert out.split() == [w for t in targets for w in (t, "True")], out
+
+
+def test_lab01_explorer_runs_on_the_students_napkin_family(tmp_path):
+    """Lab 01 withholds the napkin family although its explorer computes with it: in its kernel
+    the explorer takes the student's functions (`formulas=`)."""
+    lab = "01_roofline"
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    course, _ = build(withheld_of(nb), lab, tmp_path / "course")
+    out = run_with(course, """
+import minillm.roofline as rf
+from minillm.explorers import napkin_explorer
+for call in (lambda: rf.napkin("llama-2-13b", "h100", 1, 1000),
+             lambda: rf.tensor_parallel_napkin("llama-2-13b", "h100", 1, 1000, 2),
+             lambda: rf.max_batch_that_fits("llama-2-13b", "h100", 1000),
+             lambda: rf.lecture_num_params("llama-2-13b"),
+             lambda: rf.kv_cache_bytes_per_seq("llama-2-13b", 1000),
+             lambda: rf.accelerator_intensity("h100"), lambda: napkin_explorer()):
+    try:
+        call()
+    except NotImplementedError:
+        print("withheld")
+def napkin(B, S, model, gpu, bytes_per_param=2):
+    kv, latency = 1e9, (B * 1e9 + 2e10) / gpu["bandwidth"]
+    return {"params": 1e10, "param_bytes": 2e10, "kv_bytes_per_seq": kv, "latency_s": latency,
+            "memory_bytes": B * kv + 2e10, "throughput_tok_s": B / latency, "fits": True}
+def tensor_parallel(B, S, model, gpu, G, link_bandwidth, allreduce_latency_s=0, bytes_per_param=2):
+    return {**napkin(B, S, model, gpu), "memory_per_gpu_bytes": 1.0, "comm_s": 0.0}
+ex = napkin_explorer(formulas=dict(napkin=napkin, tensor_parallel=tensor_parallel,
+                                   max_batch_that_fits=lambda S, model, gpu, bytes_per_param=2: 7,
+                                   accelerator_intensity=lambda f, b: 42.0))
+print("explorer", ex.state["error"], ex.state["max_batch"], ex.state["row"]["accelerator_intensity"])
+print("split", ex.set(gpus=2)["error"], ex.state["row"]["memory_per_gpu_bytes"])
+""")
+    assert out.count("withheld") == 7 and "explorer None 7 42.0" in out and "split None 1.0" in out, out

@@ -16,7 +16,9 @@ which the KV cache fills the GPU's memory marked. With "GPUs" above 1 the model 
 that many GPUs (tensor parallelism, `minillm.roofline.tensor_parallel_napkin`): each reads its
 share of the bytes, and two all-reduces per layer cross the chosen link; the readout also gives
 the same GPUs running copies of the model. Nothing here is new math: every number comes
-from `minillm.roofline.napkin` / `latency_throughput_curve`, so the explorer and the lab agree.
+from `minillm.roofline` (`napkin`, `tensor_parallel_napkin`, `max_batch_that_fits`), so the
+explorer and the lab agree. Lab 01 hands it the student's own functions instead
+(`formulas=`, in the lecture's notation: `LectureFormulas`).
 
 The returned `NapkinExplorer` is itself the widget (a VBox). For scripts and tests it exposes
 `controls` (name -> widget), `readout` (an HTML widget with CSS class `minillm-napkin-readout`),
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import math
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
@@ -54,6 +57,158 @@ PLOT_CLASS = "minillm-napkin-plot"
 ERROR_CLASS = "minillm-napkin-error"
 
 
+class CourseFormulas:
+    """The explorer's numbers from `minillm.roofline` (the default)."""
+
+    def napkin(self, cfg, hw, batch, seq_len, bpp) -> dict:
+        return rf.napkin(cfg, hw, batch, seq_len, bytes_per_param=bpp)
+
+    def split(self, cfg, hw, batch, seq_len, gpus, link, bpp, alpha_s) -> dict:
+        return rf.tensor_parallel_napkin(cfg, hw, batch, seq_len, gpus, link,
+                                         bytes_per_param=bpp, allreduce_latency_s=alpha_s)
+
+    def max_batch(self, cfg, hw, seq_len, bpp, gpus, link, alpha_s) -> int:
+        if gpus == 1:
+            return rf.max_batch_that_fits(cfg, hw, seq_len, bytes_per_param=bpp)
+        return self.split(cfg, hw, 1, seq_len, gpus, link, bpp, alpha_s)["max_batch"]
+
+
+LECTURE_FORMULAS = ("napkin", "tensor_parallel", "max_batch_that_fits", "accelerator_intensity")
+
+
+class LectureFormulas:
+    """The explorer's numbers from lab 01's four functions, in the lecture's notation:
+
+        napkin(B, S, model, gpu, bytes_per_param)         -> params, param_bytes,
+            kv_bytes_per_seq, memory_bytes, latency_s, throughput_tok_s, fits
+        tensor_parallel(B, S, model, gpu, G, link_bandwidth, allreduce_latency_s,
+                        bytes_per_param)                  -> memory_per_gpu_bytes, comm_s,
+            latency_s, throughput_tok_s, fits
+        max_batch_that_fits(S, model, gpu, bytes_per_param) -> an int
+        accelerator_intensity(flops_per_s, bytes_per_s)   -> FLOPs per byte
+
+    with model = {D, F, N, K, H, L, V} and gpu = {flops, bandwidth, memory}. What the lecture's
+    functions do not return is read off them: the throughput limit as B grows is 1 / (the
+    latency one more sequence adds), the largest batch split over G GPUs the largest B whose
+    `tensor_parallel` fits. They count what the lecture counts (every layer attends, the output
+    head is not tied to the embedding). Whatever a function raises, or a result it lacks, is a
+    ValueError naming it: the explorer shows it."""
+
+    def __init__(self, formulas):
+        missing = [name for name in LECTURE_FORMULAS if not callable(formulas.get(name))]
+        if missing:
+            raise ValueError(f"formulas needs the functions {list(LECTURE_FORMULAS)}; "
+                             f"missing or not callable: {missing}")
+        self.formulas = {name: formulas[name] for name in LECTURE_FORMULAS}
+
+    def _call(self, name, *args, **kwargs):
+        try:
+            return self.formulas[name](*args, **kwargs)
+        except Exception as e:      # noqa: BLE001 - the student's function: shown, not raised
+            raise ValueError(f"your {name} raised {type(e).__name__}: {e}") from e
+
+    @staticmethod
+    def _number(result, key: str, name: str) -> float:
+        try:
+            return float(result[key])
+        except Exception as e:      # noqa: BLE001
+            raise ValueError(f"your {name} returned no number under {key!r}: "
+                             f"{type(e).__name__}: {e}") from e
+
+    @staticmethod
+    def model(cfg) -> dict:
+        return dict(D=cfg.dim, F=cfg.hidden_dim, N=cfg.n_heads, K=cfg.n_kv_heads,
+                    H=cfg.head_dim, L=cfg.n_layers, V=cfg.vocab_size)
+
+    @staticmethod
+    def gpu(hw) -> dict:
+        return dict(flops=hw.flops_per_s, bandwidth=hw.mem_bandwidth_bytes_per_s,
+                    memory=hw.memory_bytes)
+
+    def _napkin(self, cfg, hw, batch, seq_len, bpp) -> dict:
+        r = self._call("napkin", batch, seq_len, self.model(cfg), self.gpu(hw),
+                       bytes_per_param=bpp)
+        out = {k: self._number(r, k, "napkin") for k in (
+            "params", "param_bytes", "kv_bytes_per_seq", "memory_bytes", "latency_s",
+            "throughput_tok_s")}
+        try:
+            out["fits"] = bool(r["fits"])
+        except Exception as e:      # noqa: BLE001
+            raise ValueError(f"your napkin returned no 'fits': {type(e).__name__}: {e}") from e
+        return out
+
+    def _limit(self, latency, what: str) -> float:
+        """B / latency(B) as B grows: 1 / (latency(2) - latency(1)) for a latency linear in B."""
+        per_seq = latency(2) - latency(1)
+        if not (per_seq > 0 and math.isfinite(per_seq)):
+            raise ValueError(f"your {what}'s latency does not grow with B (B = 1: "
+                             f"{latency(1):.4g} s, B = 2: {latency(2):.4g} s): each sequence "
+                             f"adds its KV cache")
+        return 1 / per_seq
+
+    def napkin(self, cfg, hw, batch, seq_len, bpp) -> dict:
+        r = self._napkin(cfg, hw, batch, seq_len, bpp)
+        intensity = self._call("accelerator_intensity", hw.flops_per_s,
+                               hw.mem_bandwidth_bytes_per_s)
+        return {"gpu": hw.name, "batch": batch, "seq_len": seq_len, "kv_heads": cfg.n_kv_heads,
+                "n_heads": cfg.n_heads, "bytes_per_param": bpp, "kv_bytes_per_value": bpp, **r,
+                "kv_bytes": batch * r["kv_bytes_per_seq"],
+                "max_throughput_tok_s": self._limit(
+                    lambda b: self._napkin(cfg, hw, b, seq_len, bpp)["latency_s"], "napkin"),
+                "accelerator_intensity": self._number({"x": intensity}, "x",
+                                                      "accelerator_intensity")}
+
+    def _split(self, cfg, hw, batch, seq_len, gpus, link, bpp, alpha_s) -> dict:
+        if cfg.n_heads % gpus or cfg.n_kv_heads % gpus:
+            raise ValueError(f"G = {gpus} GPUs must divide N = {cfg.n_heads} query heads and "
+                             f"K = {cfg.n_kv_heads} KV heads (tensor_parallel gives each GPU "
+                             f"whole heads)")
+        link_bw = rf.LINKS[link] if isinstance(link, str) else link
+        r = self._call("tensor_parallel", batch, seq_len, self.model(cfg), self.gpu(hw), gpus,
+                       link_bw, allreduce_latency_s=alpha_s, bytes_per_param=bpp)
+        out = {k: self._number(r, k, "tensor_parallel") for k in (
+            "memory_per_gpu_bytes", "comm_s", "latency_s", "throughput_tok_s")}
+        try:
+            out["fits"] = bool(r["fits"])
+        except Exception as e:      # noqa: BLE001
+            raise ValueError(f"your tensor_parallel returned no 'fits': "
+                             f"{type(e).__name__}: {e}") from e
+        return out
+
+    def split(self, cfg, hw, batch, seq_len, gpus, link, bpp, alpha_s) -> dict:
+        one = self._napkin(cfg, hw, batch, seq_len, bpp)
+        r = self._split(cfg, hw, batch, seq_len, gpus, link, bpp, alpha_s)
+        return {"gpus": gpus, **r, "copies_latency_s": one["latency_s"],
+                "copies_throughput_tok_s": gpus * one["throughput_tok_s"],
+                "copies_fit": one["fits"],
+                "max_throughput_tok_s": self._limit(lambda b: self._split(
+                    cfg, hw, b, seq_len, gpus, link, bpp, alpha_s)["latency_s"],
+                    "tensor_parallel")}
+
+    def max_batch(self, cfg, hw, seq_len, bpp, gpus, link, alpha_s) -> int:
+        if gpus == 1:
+            got = self._call("max_batch_that_fits", seq_len, self.model(cfg), self.gpu(hw),
+                             bytes_per_param=bpp)
+            try:
+                return int(got)
+            except Exception as e:  # noqa: BLE001
+                raise ValueError(f"your max_batch_that_fits returned {got!r}, not an "
+                                 f"integer") from e
+
+        def fits(b):
+            return self._split(cfg, hw, b, seq_len, gpus, link, bpp, alpha_s)["fits"]
+        if not fits(1):
+            return 0
+        lo, cap = 1, 1 << 40
+        while lo < cap and fits(2 * lo):          # fits(lo); then fits(lo) and not fits(hi)
+            lo *= 2
+        hi = 2 * lo
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+
 def plot_batches(max_batch: int, batch: int, cap: int = 4096) -> list[int]:
     """Batch sizes for the curve: powers of two up to a little past the memory limit (at least
     up to the chosen batch), plus the chosen batch and the largest batch that fits."""
@@ -69,11 +224,16 @@ def plot_batches(max_batch: int, batch: int, cap: int = 4096) -> list[int]:
 
 
 class NapkinExplorer(widgets.VBox):
-    """Controls -> `minillm.roofline.napkin` -> readout + latency/throughput plot."""
+    """Controls -> `minillm.roofline.napkin` -> readout + latency/throughput plot.
+
+    `formulas`: None (`minillm.roofline`'s), or lab 01's functions {"napkin",
+    "tensor_parallel", "max_batch_that_fits", "accelerator_intensity"} (`LectureFormulas`)."""
 
     def __init__(self, model: str = "llama-2-13b", gpu: str = "h100", batch: int = 64,
                  seq_len: int = 1000, kv_heads: int | None = None, bytes_per_param: float = 2.0,
-                 max_batch_slider: int = 1024, max_seq_len_slider: int = 32768):
+                 max_batch_slider: int = 1024, max_seq_len_slider: int = 32768,
+                 formulas: dict | None = None):
+        self.formulas = CourseFormulas() if formulas is None else LectureFormulas(formulas)
         base = rf.get_model(model)
         hw = rf.get_hardware(gpu)
         self._syncing = False
@@ -223,22 +383,22 @@ class NapkinExplorer(widgets.VBox):
             if alpha is None or alpha < 0:
                 raise ValueError(f"the all-reduce latency must be >= 0 µs, got {alpha}")
 
+            f, link, alpha_s = self.formulas, c["link"].value, alpha * 1e-6
+
             def step(b):
-                one = rf.napkin(cfg, hw, b, seq_len, bytes_per_param=bpp)
+                one = f.napkin(cfg, hw, b, seq_len, bpp)
                 if G == 1:
                     return one
-                tp = rf.tensor_parallel_napkin(cfg, hw, b, seq_len, G, c["link"].value,
-                                               bytes_per_param=bpp,
-                                               allreduce_latency_s=alpha * 1e-6)
+                tp = f.split(cfg, hw, b, seq_len, G, link, bpp, alpha_s)
                 return {**one, **{k: tp[k] for k in (
                     "gpus", "latency_s", "throughput_tok_s", "fits", "memory_per_gpu_bytes",
                     "comm_s", "copies_latency_s", "copies_throughput_tok_s", "copies_fit",
-                    "max_throughput_tok_s", "max_batch")}}
+                    "max_throughput_tok_s")}}
 
             row = step(batch)
-            max_batch = row["max_batch"] if G > 1 else \
-                rf.max_batch_that_fits(cfg, hw, seq_len, bytes_per_param=bpp)
+            max_batch = f.max_batch(cfg, hw, seq_len, bpp, G, link, alpha_s)
             rows = [step(b) for b in plot_batches(max_batch, batch)]
+            at_cap = step(max_batch) if max_batch >= 1 else None
             curve = {"batch": [r["batch"] for r in rows],
                      "latency_ms": [1e3 * r["latency_s"] for r in rows],
                      "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
@@ -249,8 +409,7 @@ class NapkinExplorer(widgets.VBox):
             return self.state
         row["model"] = c["model"].value
         capacity = None
-        if max_batch >= 1:
-            at_cap = step(max_batch)
+        if at_cap is not None:
             capacity = {"batch": max_batch, "latency_ms": 1e3 * at_cap["latency_s"],
                         "throughput_tok_s": at_cap["throughput_tok_s"],
                         "memory_bytes": hw.memory_bytes}
@@ -341,5 +500,6 @@ class NapkinExplorer(widgets.VBox):
 def napkin_explorer(**kwargs) -> NapkinExplorer:
     """Build the explorer; display it by leaving it as the last expression of a cell.
     Keyword arguments set the starting values (model, gpu, batch, seq_len, kv_heads,
-    bytes_per_param)."""
+    bytes_per_param) and `formulas` (default `minillm.roofline`'s; lab 01 passes the
+    student's napkin, tensor_parallel, max_batch_that_fits and accelerator_intensity)."""
     return NapkinExplorer(**kwargs)
