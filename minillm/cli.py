@@ -10,7 +10,8 @@
                          [--vs-hf] [--compile] [--no-naive] [--no-fused-step] [--cpu-time]
                          [--repeats R] [--dtype float32,bfloat16] --json
     minillm bench quant [--model NAME|PATH] [--prompt-len P --new-tokens N --group-size G] --json
-    minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] [--cpu-time] --json
+    minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] [--cpu-time]
+                              [--no-lookup] [--no-predict] --json
     minillm bench batching [--requests N --rate R --seed S --max-batch B] --json
     minillm serve [--model NAME|PATH --host H --port P --max-num-seqs N --kv-blocks K
                    --max-batched-tokens T --backend B]     (OpenAI-compatible HTTP server)
@@ -192,18 +193,21 @@ def cmd_bench_speculative(a) -> int:
     ks = [int(k) for k in a.k.split(",")]
     r = {"model": a.model, "draft": a.draft,
          **bench_speculative(target, draft, prompt, ks, a.new_tokens, a.repeats,
-                             lookup_prompt=repetitive_prompt(tok), lookup_k=a.lookup_k,
-                             lookup_new_tokens=a.lookup_new_tokens,
+                             lookup_prompt=None if a.no_lookup else repetitive_prompt(tok),
+                             lookup_k=a.lookup_k, lookup_new_tokens=a.lookup_new_tokens,
                              cpu_time=a.cpu_time, draft_engine=a.draft_engine,
-                             sample_temperature=a.temperature or None, sample_k=a.sample_k)}
+                             sample_temperature=a.temperature or None, sample_k=a.sample_k,
+                             predict=not a.no_predict)}
     return _report(a, r, lambda r: "\n".join(
         [f"target alone: {r['target_tok_s']:.1f} tok/s (its step at "
          f"{r['target_step_bandwidth_fraction']:.2f} of the {r['limit_tok_s']:.0f} tok/s "
          f"bandwidth limit; the best k at {r['speculative_vs_limit']:.2f} of it); draft/target "
          f"step cost c = {r['c']:.3f}"] +
         [f"{row['drafter']:>13} k={row['k']}: alpha {row['alpha']:.2f}, "
-         f"{row['tokens_per_step']:.2f} tokens/step (formula "
-         f"{row['predicted_tokens_per_step']:.2f}), speed-up {row['speedup']:.2f}x"
+         f"{row['tokens_per_step']:.2f} tokens/step"
+         + (f" (formula {row['predicted_tokens_per_step']:.2f})"
+            if "predicted_tokens_per_step" in row else "")
+         + f", speed-up {row['speedup']:.2f}x"
          + (f", exact {row['exact_greedy']}" if "exact_greedy" in row else
             f" at temperature {row['temperature']}") for row in r["runs"]]))
 
@@ -517,6 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="draft length of prompt lookup (on a repetitive prompt)")
     bs.add_argument("--lookup-new-tokens", type=int, default=None,
                     help="new tokens of the prompt-lookup runs (default: --new-tokens)")
+    bs.add_argument("--no-lookup", action="store_true", help="skip the prompt-lookup runs")
+    bs.add_argument("--no-predict", action="store_true",
+                    help="report the measurements only, not the formulas' predictions "
+                         "(lab 05 predicts with the student's own formulas)")
     bs.add_argument("--cpu-time", action="store_true",
                     help="time in CPU seconds of this process (time.process_time): with "
                          "--threads 1, a busy neighbour then adds nothing to any run")

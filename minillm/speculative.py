@@ -189,18 +189,20 @@ def prompt_lookup(context: list[int], k: int, ngram: int = 3) -> list[int]:
 
 class PromptLookupDrafter:
     """Draft-free: propose what followed the latest earlier occurrence of the current n-gram
-    (`prompt_lookup`); p is one-hot on the proposal (a deterministic guess)."""
+    (`lookup(context, k, ngram)`, by default `prompt_lookup`); p is one-hot on the proposal (a
+    deterministic guess)."""
 
-    def __init__(self, vocab_size: int, ngram: int = 3):
+    def __init__(self, vocab_size: int, ngram: int = 3, lookup=None):
         if ngram < 1:
             raise ValueError(f"ngram must be >= 1, got {ngram}")
-        self.vocab_size, self.ngram = vocab_size, ngram
+        self.vocab_size, self.ngram, self._lookup = vocab_size, ngram, lookup
 
     def start(self, prompt, max_len):
         pass
 
     def lookup(self, context: list[int], k: int) -> list[int]:
-        return prompt_lookup(context, k, self.ngram)
+        found = (self._lookup or prompt_lookup)(list(context), k, self.ngram)
+        return [int(t) for t in found]
 
     def propose(self, context, k, params, generator=None):
         tokens = self.lookup(context, k)
@@ -394,7 +396,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
                       lookup_k: int = 6, lookup_new_tokens: int | None = None,
                       cpu_time: bool = False, draft_engine: str = "packed",
                       sample_temperature: float | None = 0.8, sample_k: int = 3,
-                      seed: int = 0) -> dict:
+                      seed: int = 0, predict: bool = True) -> dict:
     """Greedy speculative decoding vs the target alone, timed interleaved in one run.
 
     The baseline is the target's fastest plain decoder (KV cache + packed step), so the speed-up
@@ -409,6 +411,10 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
 
     `draft_engine`: how the draft runs its steps (`ModelDrafter`): "packed" (fp32, op by op) or
     "compiled-int8" (int8 weights, one compiled function per step; compiles on first use).
+
+    Each run's row holds what was measured (alpha, tokens per step, the drafts of each step in
+    `drafts_per_step`, c, v, the speed-up) and, with `predict`, the formulas' predictions
+    (`predicted_tokens_per_step`, `predicted_speedup`); lab 05 predicts with its own formulas.
 
     With `cpu_time` every figure (the runs, and c and v inside them) is CPU seconds of this
     process (`time.process_time`): on one torch thread a neighbour that takes the core for a
@@ -475,12 +481,14 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
         v = clock.mean(f"k={k}", "scoring pass") / t_step
         rows.append({"drafter": "draft-model", "k": k, "alpha": stats.alpha,
                      "tokens_per_step": stats.tokens_per_step,
-                     "predicted_tokens_per_step": stats.predicted_tokens_per_step(),
+                     "drafts_per_step": list(stats.proposed_per_step),
                      "c": clock.mean(f"k={k}", "draft step") / t_step, "verify_cost": v,
-                     "predicted_speedup": expected_speedup(stats.alpha, k, c, v),
                      "speedup": base / median(times[f"k={k}"]),
                      "target_calls": stats.steps + (len(prompt) > 1),
                      "exact_greedy": out == expect[""]})
+        if predict:
+            rows[-1].update(predicted_tokens_per_step=stats.predicted_tokens_per_step(),
+                            predicted_speedup=expected_speedup(stats.alpha, k, c, v))
     best = max(rows, key=lambda r: r["speedup"])
     result = {**best, "c": c, "new_tokens": new_tokens, "prompt_tokens": len(prompt),
               "target_tok_s": new_tokens / base, "target_step_ms": 1e3 * t_step,
@@ -499,7 +507,9 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
         out, stats = runs["sampled"]
         rows.append({"drafter": "draft-model", "k": sample_k, "temperature": sample_temperature,
                      "alpha": stats.alpha, "tokens_per_step": stats.tokens_per_step,
-                     "predicted_tokens_per_step": stats.predicted_tokens_per_step(),
+                     "drafts_per_step": list(stats.proposed_per_step),
+                     **({"predicted_tokens_per_step": stats.predicted_tokens_per_step()}
+                        if predict else {}),
                      "c": clock.mean("sampled", "draft step") / t_step,
                      "verify_cost": clock.mean("sampled", "scoring pass") / t_step,
                      "speedup": median(times["sampled target"]) / median(times["sampled"]),
@@ -508,16 +518,58 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
                        "sample_temperature": sample_temperature})
     if lookup_prompt is not None:
         out, stats = runs["lookup"]
-        rows.append({"drafter": "prompt-lookup", "k": lookup_k, "alpha": stats.alpha,
-                     "tokens_per_step": stats.tokens_per_step,
-                     "predicted_tokens_per_step": stats.predicted_tokens_per_step(),
-                     "c": 0.0, "verify_cost": (clock.mean("lookup", "scoring pass") /
-                                               clock.mean("lookup target", "target step")),
-                     "speedup": median(times["lookup target"]) / median(times["lookup"]),
-                     "target_calls": stats.steps + (len(lookup_prompt) > 1),
-                     "prompt_tokens": len(lookup_prompt), "new_tokens": n_lookup,
-                     "exact_greedy": out == expect["lookup "]})
+        rows.append(_lookup_row(lookup_k, out, stats, expect["lookup "], lookup_prompt,
+                                clock.mean("lookup", "scoring pass") /
+                                clock.mean("lookup target", "target step"),
+                                median(times["lookup target"]) / median(times["lookup"]),
+                                predict))
     # sampled runs are exact in distribution (tests/test_speculative.py), not token by token
     result["exact_greedy"] = all(r["exact_greedy"] for r in rows if "exact_greedy" in r)
     result["runs"] = rows
     return result
+
+
+def _lookup_row(k, out, stats, expect, prompt, verify_cost, speedup, predict) -> dict:
+    row = {"drafter": "prompt-lookup", "k": k, "alpha": stats.alpha,
+           "tokens_per_step": stats.tokens_per_step,
+           "drafts_per_step": list(stats.proposed_per_step), "c": 0.0,
+           "verify_cost": verify_cost, "speedup": speedup,
+           "target_calls": stats.steps + (len(prompt) > 1), "prompt_tokens": len(prompt),
+           "new_tokens": len(expect), "exact_greedy": out == expect}
+    if predict:
+        row["predicted_tokens_per_step"] = stats.predicted_tokens_per_step()
+    return row
+
+
+def bench_prompt_lookup(target, prompt: list[int], k: int = 6, new_tokens: int = 96,
+                        repeats: int = 3, cpu_time: bool = False, lookup=None,
+                        ngram: int = 3) -> dict:
+    """Greedy prompt-lookup drafting against the target alone on `prompt`, timed interleaved:
+    `bench_speculative`'s prompt-lookup row (without the prediction), measured on its own.
+    `lookup(context, k, ngram)` proposes the drafts (default `prompt_lookup`; lab 05 passes the
+    student's). Both sides step with one packed decoder of the target (`default_scorer`); v is
+    a scoring pass over a plain step, both timed inside the runs; `cpu_time` as in
+    `bench_speculative`."""
+    from .fast_decode import generate_packed
+    from .timing import cpu_time_interleaved, median, perf_counter, process_time, time_interleaved
+    if k < 1 or new_tokens < 1 or repeats < 1:
+        raise ValueError(f"need k, new_tokens and repeats >= 1, got {k}, {new_tokens}, {repeats}")
+    plain = PackedDecoder(target)
+    clock = _StepClock(process_time if cpu_time else perf_counter)
+    clock.wrap(plain, "step", "step")
+    ids = torch.tensor([list(prompt)])
+    drafter = PromptLookupDrafter(target.config.vocab_size, ngram, lookup)
+    params = SamplingParams(temperature=0, max_new_tokens=new_tokens)
+    fns = {"target": lambda: generate_packed(target, ids, new_tokens, plain),
+           "lookup": lambda: speculative_generate(target, drafter, list(prompt), k, params,
+                                                  scorer=plain)}
+    fns = {name: clock.labelled(name, fn) for name, fn in fns.items()}
+    runs = {name: fn() for name, fn in fns.items()}     # also the warm-up round
+    clock.seconds.clear(), clock.calls.clear()
+    times = (cpu_time_interleaved if cpu_time else time_interleaved)(fns, warmup=0,
+                                                                      repeats=repeats)
+    out, stats = runs["lookup"]
+    return {**_lookup_row(k, out, stats, runs["target"][0], prompt,
+                          clock.mean("lookup", "step") / clock.mean("target", "step"),
+                          median(times["target"]) / median(times["lookup"]), False),
+            "clock": "cpu" if cpu_time else "wall"}

@@ -296,6 +296,31 @@ def test_speculative_explorer_set_and_measured_points():
     assert big.controls["k"].max == 20                         # the slider reaches every point
 
 
+def test_speculative_explorer_draws_the_formulas_it_is_given():
+    """Lab 05 hands the explorer the student's formulas (the course's are withheld there); what
+    they raise or return instead of a number is shown, not raised."""
+    from minillm.explorers import speculative_explorer
+    from minillm.explorers.speculative import SPEC_ERROR_CLASS
+    mine = {"expected_tokens_per_step": lambda alpha, k: 10.0 * k,
+            "expected_speedup": lambda alpha, k, c, v: k / v}
+    ex = speculative_explorer(alpha=0.5, k=2, c=0.1, max_k=4, formulas=mine)
+    assert ex.state["curves"]["tokens_per_step"] == [10.0, 20.0, 30.0, 40.0]
+    assert ex.state["tokens_per_step"] == 20.0 and ex.state["speedup"] == 2.0   # v = 1 + 0 k
+    assert ex.set(beta=1.0)["speedup"] == pytest.approx(2 / 3) and ex.state["error"] is None
+
+    def unwritten(*args):
+        raise NotImplementedError()
+
+    ex = speculative_explorer(formulas=mine | {"expected_speedup": unwritten})
+    assert ex.state["error"] == "your expected_speedup raised NotImplementedError: "
+    assert SPEC_ERROR_CLASS in ex.readout.value and ex.plot.outputs == ()
+    assert ex.set(alpha=0.8)["error"]                       # a slider moved: shown again
+    ex = speculative_explorer(formulas=mine | {"expected_tokens_per_step": lambda a, k: None})
+    assert "returned None, not a number" in ex.state["error"]
+    with pytest.raises(ValueError, match=r"missing or not callable: \['expected_speedup'\]"):
+        speculative_explorer(formulas={"expected_tokens_per_step": unwritten})
+
+
 # ---- lab 06: the serving explorer over a live server ------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -290,6 +290,39 @@ def test_bench_reports_measured_and_predicted_figures(cpu_time):
         r["speedup"] * r["target_tok_s"] / r["limit_tok_s"])
 
 
+def test_bench_without_the_formulas_and_prompt_lookup_of_ones_own():
+    """What lab 05's kernel runs, where the formulas and prompt_lookup are the student's: the
+    bench reports its measurements only, and prompt lookup is timed on its own with a lookup
+    function handed in."""
+    import statistics
+    target, draft = tiny(1, layers=2), tiny(2)
+    kw = dict(ks=(1, 2), new_tokens=8, repeats=1, sample_temperature=None)
+    bare = spec.bench_speculative(target, draft, [1, 2, 3], predict=False, **kw)
+    full = spec.bench_speculative(target, draft, [1, 2, 3], **kw)
+    for row, ref in zip(bare["runs"], full["runs"]):
+        assert "predicted_tokens_per_step" not in row and "predicted_speedup" not in row
+        assert row["drafts_per_step"] == ref["drafts_per_step"] and row["alpha"] == ref["alpha"]
+        assert statistics.mean(expected_tokens_per_step(row["alpha"], n)
+                               for n in row["drafts_per_step"]) == \
+            pytest.approx(ref["predicted_tokens_per_step"])
+    calls = []
+
+    def mine(context, k, ngram):
+        calls.append(ngram)
+        return tuple(prompt_lookup(context, k, ngram))          # any sequence of ids will do
+
+    lk = spec.bench_prompt_lookup(target, [1, 2, 1, 2, 1, 2], k=3, new_tokens=6, repeats=1,
+                                  lookup=mine, ngram=2)
+    assert calls and set(calls) == {2} and "predicted_tokens_per_step" not in lk
+    assert lk["drafter"] == "prompt-lookup" and lk["k"] == 3 and lk["new_tokens"] == 6
+    assert lk["exact_greedy"] is True and lk["speedup"] > 0 and lk["verify_cost"] > 0
+    assert lk["target_calls"] == 1 + len(lk["drafts_per_step"]) and lk["clock"] == "wall"
+    none = spec.bench_prompt_lookup(target, [1, 2, 1, 2], k=3, new_tokens=5, repeats=1,
+                                    cpu_time=True, lookup=lambda context, k, ngram: [])
+    assert none["alpha"] == 0 and none["tokens_per_step"] == 1 and none["exact_greedy"]
+    assert set(none["drafts_per_step"]) == {0} and none["clock"] == "cpu"
+
+
 def test_cli_bench_speculative_json(capsys):
     import json
 
@@ -304,6 +337,14 @@ def test_cli_bench_speculative_json(capsys):
     assert r["k"] == 2 and r["exact_greedy"] is True and r["clock"] == "cpu"
     assert r["draft"] == "draft-distilled" and r["sample_temperature"] == 0.8   # the defaults
     assert [row["drafter"] for row in r["runs"]] == ["draft-model"] * 2 + ["prompt-lookup"]
+    with pytest.raises(SystemExit) as done:       # lab 05's run: no lookup, no formulas
+        main(["bench", "speculative", "--json", "--k", "2", "--new-tokens", "8", "--repeats", "1",
+              "--threads", "1", "--draft-engine", "packed", "--temperature", "0",
+              "--no-lookup", "--no-predict"])
+    assert done.value.code == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [row["drafter"] for row in runs] == ["draft-model"]
+    assert "predicted_speedup" not in runs[0] and runs[0]["drafts_per_step"]
 
 
 def test_sample_packed_is_the_plain_sampler(shipped):

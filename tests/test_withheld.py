@@ -133,3 +133,46 @@ print("explorer", ex.state["error"], ex.state["max_batch"], ex.state["row"]["acc
 print("split", ex.set(gpus=2)["error"], ex.state["row"]["memory_per_gpu_bytes"])
 """)
     assert out.count("withheld") == 7 and "explorer None 7 42.0" in out and "split None 1.0" in out, out
+
+
+def test_lab05_runs_its_measurements_on_the_students_formulas_and_lookup(tmp_path):
+    """Lab 05 withholds the formulas and prompt_lookup although its bench, prompt-lookup timing
+    and explorer use them: in its kernel those take the student's functions (the bench, in a
+    process of its own, reports its measurements only)."""
+    lab = "05_speculative"
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    course, _ = build(withheld_of(nb), lab, tmp_path / "course")
+    out = run_with(course, """
+import json, subprocess, sys
+import minillm, minillm.speculative as s
+from autograder.labs import lab05
+from minillm.explorers import speculative_explorer
+for call in (lambda: s.expected_tokens_per_step(0.5, 2), lambda: s.expected_speedup(0.5, 2, 0.1),
+             lambda: s.prompt_lookup([1, 2, 1], 2)):
+    try:
+        call()
+    except NotImplementedError:
+        print("withheld")
+print("default explorer:", speculative_explorer().state["error"])
+ex = speculative_explorer(formulas={"expected_tokens_per_step": lambda a, k: 1.0,
+                                    "expected_speedup": lambda a, k, c, v: 2.0})
+print("explorer", ex.state["speedup"])
+tok, target = minillm.load_tokenizer("target"), minillm.load("target")
+mine = lambda context, k, ngram: context[-k:]
+lk = s.bench_prompt_lookup(target, s.repetitive_prompt(tok), k=2, new_tokens=4, repeats=1,
+                           lookup=mine)
+print("lookup", lk["exact_greedy"])
+args = lab05.bench_command()
+args[args.index("compiled-int8")] = "packed"                   # no compiler here: same flags
+args[args.index("--new-tokens") + 1], args[args.index("--k") + 1] = "4", "1"
+run = subprocess.run([sys.executable, *args], capture_output=True, text=True)
+print("bench", run.returncode, run.stderr[-2000:])
+print("rows", [(r["drafter"], sorted(r)) for r in json.loads(run.stdout)["runs"]]
+      if not run.returncode else None)
+""")
+    assert out.count("withheld") == 4 and "explorer 2.0" in out and "lookup True" in out, out
+    assert "default explorer: your expected_tokens_per_step raised NotImplementedError" in out
+    assert "bench 0" in out, out
+    rows = out.split("rows ", 1)[1]
+    assert "drafts_per_step" in rows and "predicted" not in rows, rows
+    assert "prompt-lookup" not in rows, rows

@@ -27,7 +27,7 @@ def bench_command() -> list[str]:
     return ["-m", "minillm", "bench", "speculative", "--json", "--threads", "1", "--cpu-time",
             "--draft", "draft-distilled", "--draft-engine", "compiled-int8", "--prompt", PROMPT,
             "--k", ",".join(map(str, BENCH_KS)), "--new-tokens", "48", "--repeats", "2",
-            "--temperature", "0", "--lookup-k", "6", "--lookup-new-tokens", "96"]
+            "--temperature", "0", "--no-lookup", "--no-predict"]   # both: the student's own
 
 
 def compile_warmups() -> list[list[str]]:

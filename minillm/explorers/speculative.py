@@ -2,6 +2,8 @@
 draft length k and draft cost c (the formulas of `minillm.speculative`), next to measured runs."""
 from __future__ import annotations
 
+import html
+
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
@@ -10,6 +12,8 @@ from .display import SLIDER_LAYOUT, STYLE, show_png, side_panel
 # --- lab 05: speculative sampling -------------------------------------------------------------
 SPEC_READOUT_CLASS = "minillm-spec-readout"
 SPEC_PLOT_CLASS = "minillm-spec-plot"
+SPEC_ERROR_CLASS = "minillm-spec-error"
+SPEC_FORMULAS = ("expected_tokens_per_step", "expected_speedup")
 
 
 class SpeculativeExplorer(widgets.VBox):
@@ -23,12 +27,21 @@ class SpeculativeExplorer(widgets.VBox):
     core or a tiny model is nearer the ridge and pays beta > 0 per extra scored token.
     `measured`: one dict or a list of dicts with `k`, `tokens_per_step` and/or `speedup` (and an
     optional `label`), e.g. rows of `minillm bench speculative --json`'s "runs".
+    `formulas`: {"expected_tokens_per_step": f(alpha, k), "expected_speedup": g(alpha, k, c,
+    verify_cost)} to draw instead of `minillm.speculative`'s (lab 05 hands in the student's);
+    what they raise is shown in the readout.
     """
 
     def __init__(self, alpha: float = 0.7, k: int = 4, c: float = 0.1, beta: float = 0.0,
-                 measured=None, max_k: int = 12):
+                 measured=None, max_k: int = 12, formulas: dict | None = None):
         from .. import speculative as spec
-        self._spec = spec
+        if formulas is None:
+            formulas = {name: getattr(spec, name) for name in SPEC_FORMULAS}
+        missing = [name for name in SPEC_FORMULAS if not callable(formulas.get(name))]
+        if missing:
+            raise ValueError(f"formulas needs the functions {list(SPEC_FORMULAS)}; missing or "
+                             f"not callable: {missing}")
+        self.formulas = {name: formulas[name] for name in SPEC_FORMULAS}
         self.measured = self._check_measured(measured)
         self._holding = False
         self.state: dict = {}
@@ -92,21 +105,41 @@ class SpeculativeExplorer(widgets.VBox):
         return self.update()
 
     def curves(self, alpha: float, c: float, beta: float, ks) -> dict:
-        """Expected tokens per step and speed-up at each k (the functions of minillm.speculative)."""
-        s = self._spec
+        """Expected tokens per step and speed-up at each k (`formulas`); a ValueError names the
+        formula that raised or returned no number."""
         return {"k": list(ks),
-                "tokens_per_step": [s.expected_tokens_per_step(alpha, k) for k in ks],
-                "speedup": [s.expected_speedup(alpha, k, c, 1 + beta * k) for k in ks]}
+                "tokens_per_step": [self._call("expected_tokens_per_step", alpha, k) for k in ks],
+                "speedup": [self._call("expected_speedup", alpha, k, c, 1 + beta * k)
+                            for k in ks]}
+
+    def _call(self, name: str, *args) -> float:
+        try:
+            value = self.formulas[name](*args)
+        except Exception as e:      # noqa: BLE001 - maybe the student's function: shown
+            raise ValueError(f"your {name} raised {type(e).__name__}: {e}") from e
+        try:
+            return float(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"your {name}{args} returned {value!r}, not a number") from e
 
     def update(self) -> dict:
         v = {name: w.value for name, w in self.controls.items()}
         alpha, k, c, beta = v["alpha"], v["k"], v["c"], v["beta"]
         ks = range(1, self.controls["k"].max + 1)
-        cur = self.curves(alpha, c, beta, ks)
+        try:
+            cur = self.curves(alpha, c, beta, ks)
+        except ValueError as e:
+            self.state = {"alpha": alpha, "k": k, "c": c, "beta": beta, "error": str(e),
+                          "curves": None, "measured": self.measured}
+            self.readout.value = (f'<div class="{SPEC_ERROR_CLASS}" style="color:#b00020">'
+                                  f"<b>Cannot draw the formulas:</b> {html.escape(str(e))}</div>")
+            self.state["readout_text"] = self.readout.value
+            self.plot.outputs = ()
+            return self.state
         i_best = max(range(len(ks)), key=lambda i: cur["speedup"][i])
         tokens = cur["tokens_per_step"][k - 1]
         speedup = cur["speedup"][k - 1]
-        self.state = {"alpha": alpha, "k": k, "c": c, "beta": beta, "curves": cur,
+        self.state = {"alpha": alpha, "k": k, "c": c, "beta": beta, "error": None, "curves": cur,
                       "tokens_per_step": tokens, "speedup": speedup,
                       "best_k": cur["k"][i_best], "best_speedup": cur["speedup"][i_best],
                       "measured": self.measured}
@@ -160,5 +193,6 @@ class SpeculativeExplorer(widgets.VBox):
 
 def speculative_explorer(**kwargs) -> SpeculativeExplorer:
     """Build the lab 05 explorer; display it by leaving it as the last expression of a cell.
-    Keyword arguments: alpha, k, c, beta (starting values), measured (points to overlay)."""
+    Keyword arguments: alpha, k, c, beta (starting values), measured (points to overlay),
+    formulas (the two functions drawn; default minillm.speculative's)."""
     return SpeculativeExplorer(**kwargs)
