@@ -211,6 +211,37 @@ def test_mla_naive_equals_absorbed(variants):
 
 
 @torch.no_grad()
+def test_mla_decode_step_takes_a_given_function(model, variants):
+    """to_mla(..., decode_step=f): f computes every decode step (lab 03 passes the student's
+    step; its grading kernel withholds attend_naive), a prefill takes the model's own path,
+    and attend_naive computes what that path does."""
+    calls = []
+
+    def step(attn, q_nope, q_rope, c, k_rope):          # attend_naive in lab 03's signature
+        calls.append(c.shape[1])
+        S = c.shape[1]
+        return attn.attend_naive(q_nope[:, :, None], q_rope[:, :, None], c[:, None],
+                                 k_rope[:, None], torch.tensor([S - 1]), torch.arange(S))[:, :, 0]
+
+    naive, stepped = variants["mla"], to_mla(model, 32, 4, decode_step=step)
+    ids = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(stepped(ids), naive(ids))
+    assert calls == []                                  # a prefill is not a decode step
+    caches = [KVCache.for_model(m, 2, 12) for m in (naive, stepped)]
+    outs = [[m(ids[:, :5], cache=c)] for m, c in zip((naive, stepped), caches)]
+    for t in range(5, 12):
+        for m, c, out in zip((naive, stepped), caches, outs):
+            out.append(m(ids[:, t:t + 1], cache=c))
+    torch.testing.assert_close(torch.cat(outs[1], 1), torch.cat(outs[0], 1), atol=2e-5,
+                               rtol=1e-5)
+    assert calls == [S for S in range(6, 13) for _ in range(L)]
+    wrong = to_mla(model, 32, 4, decode_step=lambda *args: 0 * step(*args))
+    cache = KVCache.for_model(wrong, 2, 12)
+    wrong(ids[:, :5], cache=cache)
+    assert (wrong(ids[:, 5:6], cache=cache) - outs[0][1]).abs().max() > 1e-2
+
+
+@torch.no_grad()
 def test_wrong_absorbed_path_is_caught(variants, monkeypatch):
     """Forgetting that the latent-space scores must still be scaled by 1/sqrt(H) is caught."""
     naive, absorbed = variants["mla"], variants["mla_absorb"]

@@ -176,3 +176,40 @@ print("rows", [(r["drafter"], sorted(r)) for r in json.loads(run.stdout)["runs"]
     rows = out.split("rows ", 1)[1]
     assert "drafts_per_step" in rows and "predicted" not in rows, rows
     assert "prompt-lookup" not in rows, rows
+
+
+def test_lab03_runs_its_mla_models_without_the_naive_step(tmp_path):
+    """Lab 03 withholds MLAAttention.attend_naive although its cells run MLA models: their
+    forward does not call it, and `to_mla(..., decode_step=)` runs the student's step."""
+    lab = "03_shrinking_kv"
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    assert "minillm.attention.mla:MLAAttention.attend_naive" in withheld_of(nb)
+    course, _ = build(withheld_of(nb), lab, tmp_path / "course")
+    out = run_with(course, """
+import torch
+from autograder.labs import lab03
+from minillm.attention import to_mla
+from minillm.kvcache import KVCache
+attn = lab03.mla_layer(24, 4, seed=0, config=dict(dim=48, n_heads=4, head_dim=16))
+for path in (lab03.library_naive, lab03.library_absorbed):
+    try:
+        path(attn, *lab03.step_inputs(attn, 1, 5, 0))
+    except NotImplementedError:
+        print("withheld")
+def mine(attn, q_nope, q_rope, c, k_rope):                 # a student's naive step
+    B, S, _ = c.shape
+    N, H, R = attn.n_heads, attn.head_dim, attn.rope_dim
+    k = torch.cat([attn.k_up(c).view(B, S, N, H - R), k_rope[:, :, None].expand(B, S, N, R)], -1)
+    p = torch.softmax(torch.einsum("bnh,bsnh->bns", torch.cat([q_nope, q_rope], -1), k) / H ** 0.5, -1)
+    return torch.einsum("bns,bsnh->bnh", p, attn.v_up(c).view(B, S, N, H))
+model = lab03.random_model(0, dict(vocab_size=50, dim=48, n_layers=2, n_heads=4, head_dim=16,
+                                   hidden_dim=64, max_seq_len=32))
+plain, yours = to_mla(model, 24, 4), to_mla(model, 24, 4, decode_step=mine)
+ids = torch.randint(0, 50, (1, 10), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    full = plain(ids)
+    cache = KVCache.for_model(yours, 1, 10)
+    steps = [yours(ids[:, :4], cache=cache)] + [yours(ids[:, t:t + 1], cache=cache) for t in range(4, 10)]
+print("agree", torch.allclose(torch.cat(steps, 1), full, atol=1e-5))
+""")
+    assert out.split() == ["withheld", "withheld", "agree", "True"], out
