@@ -41,20 +41,26 @@ def nbytes(obj) -> int:
     return int(getattr(obj, "nbytes", 0))
 
 
-def step_bytes(decoder, context_len: float, batch: int = 1) -> dict:
+def step_bytes(decoder, context_len: float, batch: int = 1, kv_per_token=None) -> dict:
     """Bytes one packed decode step reads at a context of `context_len` positions, counted from
     the tensors `decoder` (a `PackedDecoder` or `CompiledDecoder`, float or quantized weights)
     holds: every weight matrix and bias (codes, scales and zeros), the norm
     weights, `batch` embedding rows and the cache's keys and values (`batch` sequences, after
-    appending the new token)."""
+    appending the new token). `kv_per_token(config, bytes_per_value)`: the cache bytes one
+    token adds over all layers (default: `minillm.kvcache.kv_bytes_per_token` of the plain
+    layers; lab 02 passes the student's `kv_bytes_per_token`)."""
     if context_len < 0:
         raise ValueError(f"context_len must be >= 0, got {context_len}")
     c = decoder.config
     weights = sum(nbytes(t) for layer in decoder.layers for t in layer.values())
     weights += nbytes(decoder.norm) + nbytes(decoder.lm_head)
     embed = batch * decoder.embed[0].nbytes
-    specs = [KVSpec(c.n_kv_heads, c.head_dim, c.head_dim)] * c.n_layers    # plain layers only
-    kv = batch * (context_len + 1) * kv_bytes_per_token(specs, decoder.embed.element_size())
+    if kv_per_token is None:
+        specs = [KVSpec(c.n_kv_heads, c.head_dim, c.head_dim)] * c.n_layers   # plain layers only
+        per_token = kv_bytes_per_token(specs, decoder.embed.element_size())
+    else:
+        per_token = kv_per_token(c, decoder.embed.element_size())
+    kv = batch * (context_len + 1) * per_token
     return {"weight_bytes": weights, "embedding_bytes": embed, "kv_bytes": kv,
             "bytes_per_step": weights + embed + kv}
 

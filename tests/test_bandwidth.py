@@ -106,3 +106,21 @@ def test_bench_decode_reports_the_bandwidth_scale():
     batched = bench_decode(m, prompt_len=4, new_tokens=6, batch=2, repeats=1, naive=False)
     assert "fused_tok_s" not in batched            # the fused step is batch 1 only
     assert batched["bandwidth_fraction"] == batched["cached_bandwidth_fraction"]
+
+
+def test_step_bytes_counts_the_cache_with_the_function_it_is_given():
+    """Lab 02 hands step_bytes the student's kv_bytes_per_token(config, bytes_per_value) (the
+    course's is withheld there): the cache's bytes follow it, the weights' do not."""
+    m = tiny(n_kv_heads=2)
+    dec = PackedDecoder(m)
+    ref = step_bytes(dec, context_len=10, batch=3)
+    seen = []
+
+    def mine(cfg, bytes_per_value):
+        seen.append((cfg, bytes_per_value))
+        return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * bytes_per_value
+
+    assert step_bytes(dec, 10, 3, kv_per_token=mine) == ref
+    assert seen == [(m.config, 4)]
+    twice = step_bytes(dec, 10, 3, kv_per_token=lambda cfg, b: 2 * mine(cfg, b))
+    assert twice["kv_bytes"] == 2 * ref["kv_bytes"] and twice["weight_bytes"] == ref["weight_bytes"]

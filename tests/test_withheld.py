@@ -213,3 +213,26 @@ with torch.no_grad():
 print("agree", torch.allclose(torch.cat(steps, 1), full, atol=1e-5))
 """)
     assert out.split() == ["withheld", "withheld", "agree", "True"], out
+
+
+def test_lab02_counts_bytes_per_token_with_the_students_function(tmp_path):
+    """Lab 02 withholds minillm.kvcache.kv_bytes_per_token although its bandwidth cell counts a
+    step's bytes: there `step_bytes` takes the student's kv_bytes_per_token."""
+    lab = "02_kv_cache"
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    course, _ = build(withheld_of(nb), lab, tmp_path / "course")
+    out = run_with(course, """
+import minillm
+from minillm.bandwidth import step_bytes
+from minillm.fast_decode import PackedDecoder
+from minillm.kvcache import KVSpec, kv_bytes_per_token
+packed = PackedDecoder(minillm.load("target"))
+for call in (lambda: kv_bytes_per_token([KVSpec(1, 2, 2)]), lambda: step_bytes(packed, 4)):
+    try:
+        call()
+    except NotImplementedError:
+        print("withheld")
+mine = lambda cfg, b: 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * b
+print("kv", step_bytes(packed, 4, kv_per_token=mine)["kv_bytes"] == 5 * mine(packed.config, 4))
+""")
+    assert out.split() == ["withheld", "withheld", "kv", "True"], out
