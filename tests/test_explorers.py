@@ -517,3 +517,33 @@ def test_lab01_formulas_that_fail_show_a_message():
     with pytest.raises(ValueError, match=r"missing or not callable: \['tensor_parallel'"):
         napkin_explorer(formulas={"napkin": unwritten, "max_batch_that_fits": unwritten,
                                   "accelerator_intensity": unwritten})
+
+
+def test_serve_explorer_reads_percentiles_with_the_function_it_is_given(live):
+    """Lab 06 hands the serving explorer the student's percentile (the course's is withheld
+    there): every p50 and p99, measured and predicted, is that function's; what it raises is
+    shown."""
+    from minillm.explorers import serve_explorer
+    srv, ids, calibrated = live
+    seen = []
+
+    def mine(values, p):
+        seen.append(type(values))
+        return 1.0 + p / 1000
+
+    ex = serve_explorer(None, ids, percentile=mine, max_batch_slider=8)   # no server yet
+    ex.server, ex.calibration = srv, calibrated.calibration              # no calibration run
+    st = ex.set(rate=16, max_batch=4)
+    assert st["error"] is None and set(seen) == {list}
+    for key in ("ttft_p50_s", "tpot_p50_s", "itl_p50_s"):
+        assert st["measured"][key] == 1.05, key
+    assert st["measured"]["ttft_p99_s"] == st["napkin"]["ttft_p99_s"] == 1.099
+    assert "1050.0 / 1099.0" in st["readout_text"]
+
+    def unwritten(values, p):
+        raise NotImplementedError()
+
+    ex = serve_explorer(None, ids, percentile=unwritten, max_batch_slider=8)
+    ex.server, ex.calibration = srv, calibrated.calibration
+    assert ex.set(rate=16)["error"] == "ValueError: your percentile raised NotImplementedError: "
+    assert srv.engine_loop.alive

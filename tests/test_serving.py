@@ -502,3 +502,21 @@ def test_release_forgets_only_finished_requests(model):
     assert a not in eng.sequences and eng.add_request([6], SamplingParams()) not in (a, b)
     with pytest.raises(KeyError):
         eng.release(a)
+
+
+def test_trace_draws_with_the_generators_it_is_given():
+    """Lab 06 builds its trace with the student's generators (the course's are withheld there):
+    the same generators give the same trace, others give theirs."""
+    assert make_trace(20, rate=50.0, seed=3, arrivals=poisson_arrivals,
+                      lengths=lognormal_lengths) == make_trace(20, rate=50.0, seed=3)
+    calls = []
+
+    def lengths(n, median, sigma, max_len, generator):
+        calls.append((n, median, sigma, max_len))
+        return [min(max_len, int(median))] * n
+
+    t = make_trace(5, rate=10.0, seed=0, prompt_median=7, output_median=3, output_max=9,
+                   arrivals=lambda n, rate, g: [0.5 * (i + 1) for i in range(n)], lengths=lengths)
+    assert [r.arrival_time for r in t] == [0.5, 1.0, 1.5, 2.0, 2.5]
+    assert all(len(r.prompt_ids) == 7 and r.max_new_tokens == 3 for r in t)
+    assert calls == [(5, 7, 0.8, 256), (5, 3, 1.0, 9)]

@@ -236,3 +236,39 @@ mine = lambda cfg, b: 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * b
 print("kv", step_bytes(packed, 4, kv_per_token=mine)["kv_bytes"] == 5 * mine(packed.config, 4))
 """)
     assert out.split() == ["withheld", "withheld", "kv", "True"], out
+
+
+def test_lab06_trace_server_and_explorer_run_on_the_students_functions(tmp_path):
+    """Lab 06 withholds its generators, `request_latencies` and `percentile` although its trace,
+    server and explorer use them: the trace and the explorer's load summary take the student's,
+    and the server records its latencies itself."""
+    pytest.importorskip("fastapi")
+    lab = "06_continuous_batching"
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    course, _ = build(withheld_of(nb), lab, tmp_path / "course")
+    out = run_with(course, """
+import minillm, minillm.data
+from minillm.serving import load_gen, metrics
+from minillm.serving.server import BackgroundServer
+from minillm.serving.trace import make_trace
+for call in (lambda: make_trace(4), lambda: metrics.percentile([1.0], 50),
+             lambda: metrics.request_latencies(None),
+             lambda: load_gen.summarize_load([load_gen.Record(0.0, first=0.1, chunks=[0.1, 0.2],
+                                                              tokens=2)], load_gen.Workload())):
+    try:
+        call()
+    except NotImplementedError:
+        print("withheld")
+trace = make_trace(3, arrivals=lambda n, rate, g: [1.0] * n,
+                   lengths=lambda n, median, sigma, max_len, g: [2] * n)
+print("trace", [(r.arrival_time, len(r.prompt_ids), r.max_new_tokens) for r in trace])
+model, tok = minillm.load("target"), minillm.load_tokenizer("target")
+w = load_gen.Workload(rate=100.0, num_requests=2, max_tokens=3)
+with BackgroundServer(model, tok, "target", max_num_seqs=2) as srv:
+    r = load_gen.load_test(srv.url, "target", w, minillm.data.load_tokens(tok, "val").tolist(),
+                           percentile=lambda values, p: 7.0)
+    print("served", r["completed"], r["ttft_p50_s"], srv.engine_loop.ttft.count,
+          srv.engine_loop.tpot.count, srv.engine_loop.alive)
+""")
+    assert out.count("withheld") == 4, out
+    assert "trace [(1.0, 2, 2), (1.0, 2, 2), (1.0, 2, 2)]" in out and "served 2 7.0 2 2 True" in out

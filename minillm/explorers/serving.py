@@ -13,7 +13,7 @@ import time
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from ..serving.metrics import percentile
+from ..serving import metrics
 from .display import SLIDER_LAYOUT, STYLE, show_png, side_panel
 
 # --- lab 06: a live server under open-loop load ----------------------------------------------
@@ -30,6 +30,17 @@ def _interp(x: float, xs: list, ys: list) -> float:
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return ys[-1]
+
+
+def _shown(percentile):
+    """The student's `percentile` on a copy of the values; whatever it raises is a ValueError
+    naming it, which the explorer shows."""
+    def mine(values, p):
+        try:
+            return float(percentile(list(values), p))
+        except Exception as e:      # noqa: BLE001 - the student's function: shown, not raised
+            raise ValueError(f"your percentile raised {type(e).__name__}: {e}") from e
+    return mine
 
 
 class ServeExplorer(widgets.VBox):
@@ -67,6 +78,9 @@ class ServeExplorer(widgets.VBox):
     prefill also slows the running decodes) and no jitter from other programs. Bursts of a
     Poisson process make the measured p99 worse than the napkin says.
 
+    `percentile(values, p)` reads every p50 and p99, measured and predicted (default
+    `minillm.serving.metrics.percentile`; lab 06 passes the student's).
+
     For scripts and tests: `controls` (rate, max_batch), `readout` (HTML, class
     `minillm-serve-readout`), `plot` (Output, class `minillm-serve-plot`), `state` (the last
     measurement, prediction and calibration, or the error), `history` (every measured point),
@@ -76,9 +90,10 @@ class ServeExplorer(widgets.VBox):
     def __init__(self, server, token_ids, *, rate: float = 8.0, max_batch: int = 8,
                  num_requests: int = 12, prompt_len: int = 16, max_tokens: int = 24,
                  timeout_s: float = 20.0, seed: int = 0, min_rate: float = 2.0,
-                 max_rate: float = 32.0, max_batch_slider: int = 16):
+                 max_rate: float = 32.0, max_batch_slider: int = 16, percentile=None):
         from ..serving import load_gen
         self._load_gen = load_gen
+        self._percentile = metrics.percentile if percentile is None else _shown(percentile)
         self.server = server
         self.token_ids = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
         self.num_requests, self.prompt_len, self.max_tokens = num_requests, prompt_len, max_tokens
@@ -173,7 +188,8 @@ class ServeExplorer(widgets.VBox):
         w = dataclasses.replace(w, timeout_s=last + self.timeout_s)
         with ThreadPoolExecutor(1) as pool:
             return pool.submit(self._load_gen.load_test, self.server.url,
-                               self.server.model_name, w, self.token_ids).result()
+                               self.server.model_name, w, self.token_ids,
+                               self._percentile).result()
 
     def _apply_max_batch(self, m: int, wait_s: float = 5.0) -> None:
         """Set the engine's batch limit and wait until its thread has taken it (between steps)."""
@@ -231,8 +247,8 @@ class ServeExplorer(widgets.VBox):
         if not batches or batches[0] != 1:
             raise RuntimeError("calibration: too few decode steps at batch 1 were recorded")
         self.calibration = {
-            "ttft0_s": percentile(alone, 50), "batches": batches,
-            "step_s": [percentile(steps_by_batch[b], 50) for b in batches],
+            "ttft0_s": self._percentile(alone, 50), "batches": batches,
+            "step_s": [self._percentile(steps_by_batch[b], 50) for b in batches],
             "decode_steps": sum(len(steps_by_batch[b]) for b in batches),
             "arrivals_at_rate_1": [t for t, *_ in self._load_gen.schedule(
                 self._workload(1.0), self.token_ids)]}
@@ -270,7 +286,8 @@ class ServeExplorer(widgets.VBox):
         duration = start[-1] + hold                 # starts never decrease: the last ends last
         return {"rate": rate, "max_batch": m, "batch": b, "saturated": saturated,
                 "capacity_tok_s": capacity, "tpot_s": tpot,
-                "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+                "ttft_p50_s": self._percentile(ttft, 50),
+                "ttft_p99_s": self._percentile(ttft, 99),
                 "throughput_tok_s": n * o / duration}
 
     # ---- one move -----------------------------------------------------------------------------
@@ -405,5 +422,5 @@ def serve_explorer(server, token_ids, **kwargs) -> ServeExplorer:
     (e.g. ``minillm.data.load_tokens(tok, "val").tolist()``); display it by leaving it as the
     last expression of a cell. Keyword arguments: rate, max_batch (starting values),
     num_requests, prompt_len, max_tokens, timeout_s, seed, min_rate, max_rate,
-    max_batch_slider."""
+    max_batch_slider, percentile (default minillm.serving.metrics.percentile)."""
     return ServeExplorer(server, token_ids, **kwargs)

@@ -60,9 +60,12 @@ def lognormal_lengths(n: int, median: float, sigma: float, max_len: int,
 def make_trace(num_requests: int = 64, rate: float = 20.0, seed: int = 0, *,
                prompt_median: float = 24, prompt_sigma: float = 0.8, prompt_max: int = 256,
                output_median: float = 24, output_sigma: float = 1.0, output_max: int = 256,
-               vocab_size: int = 4096, max_seq_len: int = 512) -> list[TraceRequest]:
+               vocab_size: int = 4096, max_seq_len: int = 512, arrivals=None,
+               lengths=None) -> list[TraceRequest]:
     """A reproducible workload of `num_requests` requests (prompt tokens drawn uniformly from
-    1..vocab_size-1: their content does not change the work)."""
+    1..vocab_size-1: their content does not change the work). `arrivals(n, rate, generator)`
+    and `lengths(n, median, sigma, max_len, generator)` draw the arrival times and the lengths
+    (default `poisson_arrivals` and `lognormal_lengths`; lab 06 passes the student's)."""
     if num_requests < 1:
         raise ValueError(f"num_requests must be >= 1, got {num_requests}")
     if prompt_max + output_max > max_seq_len:
@@ -70,13 +73,14 @@ def make_trace(num_requests: int = 64, rate: float = 20.0, seed: int = 0, *,
                          f"model's context of {max_seq_len} tokens: a request could not fit; "
                          f"lower one of them")
     g = torch.Generator().manual_seed(seed)
-    arrivals = poisson_arrivals(num_requests, rate, g)
-    prompt_lens = lognormal_lengths(num_requests, prompt_median, prompt_sigma, prompt_max, g)
-    output_lens = lognormal_lengths(num_requests, output_median, output_sigma, output_max, g)
+    arrivals, lengths = arrivals or poisson_arrivals, lengths or lognormal_lengths
+    times = arrivals(num_requests, rate, g)
+    prompt_lens = lengths(num_requests, prompt_median, prompt_sigma, prompt_max, g)
+    output_lens = lengths(num_requests, output_median, output_sigma, output_max, g)
     out = []
     for i in range(num_requests):
-        ids = torch.randint(1, vocab_size, (prompt_lens[i],), generator=g).tolist()
-        out.append(TraceRequest(i, arrivals[i], tuple(ids), output_lens[i]))
+        ids = torch.randint(1, vocab_size, (int(prompt_lens[i]),), generator=g).tolist()
+        out.append(TraceRequest(i, float(times[i]), tuple(ids), int(output_lens[i])))
     return out
 
 
