@@ -20,6 +20,9 @@ tokens per pass, lower quality: that trade-off is the lab's measurement.
 
 The model is `minillm.model.Transformer` with `causal=False` and one extra vocabulary entry, the
 mask token (the last id). It has no KV cache: every pass changes tokens everywhere.
+
+`sample_with` is `sample` around a greedy sampler of one's own (lab 09's `diffusion_sample`): it
+adds the temperature and the blocks and leaves the unmasking to that sampler.
 """
 from __future__ import annotations
 
@@ -154,3 +157,74 @@ def sample(model, prompt, n_new: int, steps: int, temperature: float = 0.0,
         keep = score.topk(k).indices
         x[0, still[keep]] = proposal[keep]
     return x[0, len(prompt):].tolist(), passes
+
+
+class _BlockView(torch.nn.Module):
+    """What `sample_with` hands the sampler for one block: the model over the sequence written so
+    far, with the `later` masks of the blocks after this one appended (the model sees the whole
+    sequence, as in `sample`). At a temperature each still-masked position's proposal is drawn
+    as `sample` draws it and shown as the argmax of a row holding one other finite logit, 1 to 9
+    below it by the rank of the proposal's untempered probability p among the positions (equal p,
+    equal rank): a greedy sampler proposes it and orders the positions exactly as p does."""
+
+    def __init__(self, model, later: int, temperature: float, gen: torch.Generator):
+        super().__init__()
+        self.model, self.config = model, model.config
+        self.later, self.temperature, self.gen, self.calls = later, temperature, gen, 0
+
+    def forward(self, x):
+        self.calls += 1
+        mask = mask_id(self.model)
+        full = torch.cat([x, x.new_full((x.shape[0], self.later), mask)], 1)
+        logits = self.model(full)[:, :x.shape[1]].float()
+        if self.temperature == 0:
+            return logits
+        if x.shape[0] != 1:
+            raise ValueError(f"sample_with writes one sequence, got a batch of {x.shape[0]}")
+        out = logits[0].clone()
+        out[:, mask] = -math.inf                        # never propose [MASK] itself
+        still = (x[0] == mask).nonzero().flatten()
+        probs = out[still].softmax(-1)
+        proposal = torch.multinomial((out[still] / self.temperature).softmax(-1).cpu(), 1,
+                                     generator=self.gen).flatten().to(x.device)
+        p = probs.gather(1, proposal[:, None]).flatten()
+        values, rank = torch.unique(p, sorted=True, return_inverse=True)   # dense, ascending
+        rows = torch.full_like(probs, -math.inf)
+        at = torch.arange(len(still), device=x.device)
+        rows[at, proposal] = 0.0
+        rows[at, (proposal == 0).long()] = -1.0 - 8.0 * rank / len(values)   # higher p: surer
+        out[still] = rows
+        return out[None]
+
+
+@torch.no_grad()
+def sample_with(sampler, model, prompt, n_new: int, steps: int, temperature: float = 0.0,
+                seed: int = 0, block: int | None = None) -> tuple[list[int], int]:
+    """`sample` (order "confidence") around a greedy sampler of one's own, `sampler(model,
+    prompt, n_new, steps) -> n_new new ids`: confidence-ordered unmasking from the argmax of
+    `model`'s logits (lab 09's `diffusion_sample`). Returns (new ids, passes).
+
+    block: each block of new tokens is one call of `sampler`, with the passes `sample` gives it,
+    on a view of `model` that appends the later blocks' masks. temperature > 0: in each pass the
+    view draws every still-masked position's token as `sample` does (seeded) and hands it to the
+    sampler as the argmax, with a confidence that orders the positions as the drawn tokens'
+    untempered probabilities do: the sampler keeps the proposals `sample` keeps."""
+    prompt = list(prompt)
+    if len(prompt) + n_new > model.config.max_seq_len:
+        raise ValueError(f"prompt ({len(prompt)}) + n_new ({n_new}) exceeds the model's context "
+                         f"of {model.config.max_seq_len}")
+    if model.config.vocab_size < 3:
+        raise ValueError("sample_with needs a vocabulary of at least 3 ids")
+    gen = torch.Generator().manual_seed(seed)
+    passes: dict[tuple[int, int], int] = {}
+    for a, b, _ in block_schedule(n_new, steps, block):
+        passes[(a, b)] = passes.get((a, b), 0) + 1
+    out, calls = [], 0
+    for (a, b), n in passes.items():
+        view = _BlockView(model, n_new - b, temperature, gen)
+        new = [int(t) for t in sampler(view, prompt + out, b - a, n)]
+        if len(new) != b - a:
+            raise ValueError(f"the sampler returned {len(new)} ids for a block of {b - a}")
+        out += new
+        calls += view.calls
+    return out, calls

@@ -20,7 +20,9 @@ The same layer has three forms that compute the same outputs:
   * `chunked`   -- both: parallel inside chunks of C tokens, the recurrence across chunks
                    (O(T C H + T H^2)): the form fast linear-attention kernels use.
 `LinearAttention` is a drop-in for `model.Attention` (same q/k/v/o projections, no RoPE: the
-decay carries order); its state lives in a `KVCache` (`cache.state[layer]`).
+decay carries order); its state lives in a `KVCache` (`cache.state[layer]`). `use_forms` runs a
+model's linear layers on other implementations of the chunked form and the recurrent step (lab 09
+hands in the student's).
 """
 from __future__ import annotations
 
@@ -149,10 +151,26 @@ def flops_per_token(n_heads: int, head_dim: int, form: str, T: int = 1, chunk: i
     return n_heads * per_head
 
 
+def use_forms(model: nn.Module, chunked_form=None, step_form=None) -> nn.Module:
+    """Run `model`'s linear-attention layers on `chunked_form(q, k, v, decay, chunk) -> (y, (S,
+    z))` (from an empty state: training and a first prefill) and `step_form(q, k, v, state,
+    decay) -> (y, state)` (decode) instead of `chunked` and `recurrent_step`; a prefill that
+    continues a state runs `step_form` token by token. Both None: the module's own forms again.
+    Returns `model`, changed in place (its weights untouched)."""
+    if (chunked_form is None) != (step_form is None):
+        raise ValueError("give both forms (chunked_form and step_form), or neither")
+    forms = None if chunked_form is None else (chunked_form, step_form)
+    for m in model.modules():
+        if isinstance(m, LinearAttention):
+            m.forms = forms
+    return model
+
+
 class LinearAttention(nn.Module):
     """Decayed linear attention with attention's projections (and HF parameter names)."""
 
     chunk = 64
+    forms = None            # (chunked_form, step_form) of `use_forms`; None: this module's
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
@@ -176,13 +194,27 @@ class LinearAttention(nn.Module):
                    for p in (self.q_proj, self.k_proj, self.v_proj))
         decay = self.decay.to(q.dtype)
         if cache is None:
-            y, _ = chunked(q, k, v, decay, self.chunk)
+            y, _ = self._chunked(q, k, v, decay, None)
         else:
             state = cache.state.get(self.layer_idx)
             if T == 1:
-                y, state = recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state, decay)
+                y, state = self._step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state, decay)
                 y = y[:, :, None]
             else:
-                y, state = chunked(q, k, v, decay, self.chunk, state)
+                y, state = self._chunked(q, k, v, decay, state)
             cache.state[self.layer_idx] = state
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+    def _step(self, q, k, v, state, decay):
+        return (self.forms[1] if self.forms else recurrent_step)(q, k, v, state, decay)
+
+    def _chunked(self, q, k, v, decay, state):
+        if self.forms is None:
+            return chunked(q, k, v, decay, self.chunk, state)
+        if state is None:
+            return self.forms[0](q, k, v, decay, self.chunk)
+        ys = []                                   # the handed-in chunked form starts empty
+        for t in range(q.shape[2]):
+            y, state = self._step(q[:, :, t], k[:, :, t], v[:, :, t], state, decay)
+            ys.append(y)
+        return torch.stack(ys, dim=2), state

@@ -94,6 +94,45 @@ def test_sampler_runs_steps_passes_and_keeps_the_most_confident_first():
         diffusion.sample(m, prompt, 62, 3)
 
 
+@torch.no_grad()
+def greedy_sampler(model, prompt, n_new, steps, least_sure=False):
+    """Lab 09's diffusion_sample as its solution writes it (least_sure: a wrong one)."""
+    mask = model.config.vocab_size - 1
+    x = torch.tensor([list(prompt) + [mask] * n_new])
+    for s in range(steps):
+        k = n_new // steps + (1 if s < n_new % steps else 0)
+        logits = model(x)[0].float()
+        logits[:, mask] = -math.inf
+        still = (x[0] == mask).nonzero().flatten()
+        conf, proposal = logits[still].softmax(-1).max(-1)
+        keep = conf.topk(k, largest=not least_sure).indices
+        x[0, still[keep]] = proposal[keep]
+    return x[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sample_with_a_greedy_sampler_of_ones_own_is_sample(seed):
+    """What lab 09 measures with the student's diffusion_sample: temperature and blocks added
+    around it give `sample`'s tokens and passes (the tiny models' near-equal probabilities
+    included), and a sampler that keeps the least confident gives others."""
+    m = small_dlm(seed, vocab=61)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 60, (seed % 5,), generator=g).tolist()
+    n = 12 + seed
+    for steps, temperature, block in [(n, 0.0, None), (4, 0.0, 5), (5, 0.5, None), (n // 2, 0.8, 4),
+                                      (7, 1.3, 7), (n, 0.7, 3)]:
+        want = diffusion.sample(m, prompt, n, steps, temperature=temperature, block=block,
+                                seed=seed)
+        got = diffusion.sample_with(greedy_sampler, m, prompt, n, steps, temperature=temperature,
+                                    block=block, seed=seed)
+        assert got == want, (steps, temperature, block)
+    wrong = diffusion.sample_with(lambda *a: greedy_sampler(*a, least_sure=True), m, prompt, n, 3,
+                                  temperature=0.5, seed=seed)
+    assert wrong != diffusion.sample(m, prompt, n, 3, temperature=0.5, seed=seed)
+    with pytest.raises(ValueError, match="returned 3 ids for a block of 4"):
+        diffusion.sample_with(lambda *a: [1, 2, 3], m, prompt, 8, 2, block=4)
+
+
 def test_mask_id_refuses_a_causal_model():
     with pytest.raises(ValueError, match="not a masked-diffusion"):
         diffusion.mask_id(Transformer(ModelConfig(vocab_size=10, dim=8, n_layers=1, n_heads=1,

@@ -226,7 +226,8 @@ HYBRID_GROWTH = (0.9, 2.0)         # the hybrid's: "1.1-1.3x (1.7x once with bot
 
 @pytest.fixture(scope="module")
 def lab09_namespace():
-    yield from lab_namespace("09_beyond_attention", ("09_setup", "09_counts", "09_diffusion_sample"))
+    yield from lab_namespace("09_beyond_attention", ("09_setup", "09_step", "09_chunked", "09_counts",
+                                                     "09_diffusion_sample"))
 
 
 def test_lab09_measurements_hold_with_a_busy_core(lab09_namespace):

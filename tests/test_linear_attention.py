@@ -92,6 +92,41 @@ def test_hybrid_decode_with_a_cache_equals_the_full_forward():
     assert generate_cached(m, ids[:1, :5], p) == generate_naive(m, ids[:1, :5], p)
 
 
+def test_a_hybrid_runs_on_forms_handed_in():
+    """Lab 09's kernel runs the hybrid on the student's chunked form and step (use_forms): the
+    model computes what it computes with its own, a prefill that continues a state steps, and a
+    wrong form shows in the output."""
+    m, ref = small_hybrid(), small_hybrid()
+    ids = torch.randint(0, 50, (2, 30), generator=torch.Generator().manual_seed(4))
+    calls = {"chunked": 0, "step": 0}
+
+    def chunked_form(q, k, v, decay, chunk):              # no state argument, like la_chunked
+        calls["chunked"] += 1
+        return la.chunked(q, k, v, decay, chunk)
+
+    def step_form(q, k, v, state, decay):
+        calls["step"] += 1
+        return la.recurrent_step(q, k, v, state, decay)
+
+    assert la.use_forms(m, chunked_form, step_form) is m
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids), ref(ids))
+        assert calls == {"chunked": 2, "step": 0}          # two linear layers
+        cache = KVCache.for_model(m, batch_size=2, max_len=30)
+        parts = [m(ids[:, :11], cache=cache), m(ids[:, 11:20], cache=cache)] + \
+            [m(ids[:, t:t + 1], cache=cache) for t in range(20, 30)]
+    torch.testing.assert_close(torch.cat(parts, 1), ref(ids).detach(), atol=1e-4, rtol=1e-4)
+    assert calls == {"chunked": 4, "step": 2 * (9 + 10)}     # 9 continued, 10 decoded, x 2
+    la.use_forms(m, lambda *a: (torch.zeros_like(a[0]), None), step_form)
+    with torch.no_grad():
+        assert not torch.allclose(m(ids), ref(ids))
+    la.use_forms(m)                                          # the module's own forms again
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids), ref(ids))
+    with pytest.raises(ValueError, match="both forms"):
+        la.use_forms(m, chunked_form)
+
+
 def test_a_recurrent_state_cannot_roll_back_and_reset_clears_it():
     m = small_hybrid()
     cache = KVCache.for_model(m, max_len=20)

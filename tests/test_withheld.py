@@ -272,3 +272,44 @@ with BackgroundServer(model, tok, "target", max_num_seqs=2) as srv:
 """)
     assert out.count("withheld") == 4, out
     assert "trace [(1.0, 2, 2), (1.0, 2, 2), (1.0, 2, 2)]" in out and "served 2 7.0 2 2 True" in out
+
+
+def test_lab09_runs_the_hybrid_and_the_sampler_on_the_students_functions(tmp_path):
+    """Lab 09 withholds the linear layer's chunked form and step and the diffusion sampler
+    although its hybrid, recall models and diffusion measurements run them: in its kernel those
+    run the student's (linear_attention.use_forms, diffusion.sample_with)."""
+    lab = "09_beyond_attention"
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    course, _ = build(withheld_of(nb), lab, tmp_path / "course")
+    out = run_with(course, """
+import torch, minillm
+from minillm import diffusion, linear_attention as la
+from minillm.decode_memory import decode_step_times
+hybrid, dlm = minillm.load("hybrid"), minillm.load("diffusion")
+ids = torch.tensor([[5, 6, 7, 8]])
+for call in (lambda: hybrid(ids), lambda: diffusion.sample(dlm, [5, 6], 4, 2)):
+    try:
+        call()
+    except NotImplementedError as e:
+        print("withheld:", str(e).split(" is ")[0])
+calls = []
+def la_chunked(q, k, v, decay, chunk):           # stand-ins for the student's functions
+    calls.append("chunked")
+    return torch.zeros_like(q), (None, None)
+def la_step(q, k, v, state, decay):
+    calls.append("step")
+    return torch.zeros_like(q), state
+la.use_forms(hybrid, la_chunked, la_step)
+print("forward", tuple(hybrid(ids).shape), calls.count("chunked"))
+decode_step_times({"hybrid": hybrid}, [16], repeats=1, warmup=0)
+print("decoded", calls.count("step") > 0)
+def diffusion_sample(model, prompt, n_new, steps):
+    model(torch.tensor([list(prompt) + [model.config.vocab_size - 1] * n_new]))
+    return [7] * n_new
+print("sampled", diffusion.sample_with(diffusion_sample, dlm, [5, 6], 8, 4, temperature=0.7,
+                                       block=4))
+""")
+    assert "withheld: minillm.linear_attention.chunked" in out, out
+    assert "withheld: minillm.diffusion.sample" in out, out
+    assert "forward (1, 4, 4096) 7" in out and "decoded True" in out, out
+    assert "sampled ([7, 7, 7, 7, 7, 7, 7, 7], 2)" in out, out
