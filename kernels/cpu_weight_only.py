@@ -87,15 +87,16 @@ class W4Packed:
 
 
 def pack_w4_cpu(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                group_size: int) -> W4Packed:
-    """Our w4 layer (dequant_ref.py's format) in the layout torch's int4 CPU kernel reads."""
+                group_size: int, unpack=unpack_int4) -> W4Packed:
+    """Our w4 layer (dequant_ref.py's format) in the layout torch's int4 CPU kernel reads;
+    `unpack` reads the packed codes (formats.unpack_int4, or one's own: formats.Formats)."""
     N, K = qweight.shape[0], 2 * qweight.shape[1]
     check_w4a16_args(torch.empty(0, K, device=qweight.device), qweight, scales, zeros,
                      group_size, None)
     if not w4_supported(N, K, group_size):
         raise ValueError(f"torch's int4 CPU kernel needs N a multiple of 16 and a group size in "
                          f"{W4_GROUPS} dividing K; got N = {N}, K = {K}, G = {group_size}")
-    codes = unpack_int4(qweight).to(torch.int32)
+    codes = unpack(qweight).to(torch.int32)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
     s, z = scales.float(), zeros.float()
     scale_and_zero = torch.stack([s, (8 - z) * s], dim=-1).transpose(0, 1).contiguous()

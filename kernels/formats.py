@@ -12,10 +12,13 @@ can depend on it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 __all__ = ["absmax_quantize", "zeropoint_quantize", "group_quantize", "group_quantize_int4",
-           "dequantize", "pack_int4", "unpack_int4"]
+           "dequantize", "pack_int4", "unpack_int4", "Formats", "COURSE_FORMATS"]
 
 
 def _check_weight(w: torch.Tensor) -> None:
@@ -120,3 +123,25 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
                          f"{tuple(getattr(packed, 'shape', ()))}")
     low, high = packed & 0x0F, packed >> 4
     return torch.stack([low, high], dim=-1).reshape(packed.shape[0], 2 * packed.shape[1])
+
+
+@dataclass(frozen=True)
+class Formats:
+    """The format functions a quantized layer is built and read with (`minillm.quant`'s
+    QuantLinear and quantize_model, `kernels.cpu_weight_only.pack_w4_cpu`): the course's
+    (`COURSE_FORMATS`, the default) or one's own. Lab 04 builds its quantized models with the
+    functions its student wrote, since its grading kernel withholds the course's.
+
+      absmax_quantize(w [N, K])            -> (q int8 [N, K], s [N, 1]): int8 per output row
+      group_quantize_int4(w, group_size)   -> (codes uint8 [N, K], scales, zeros [N, K / G])
+      pack_int4(codes [N, K])              -> uint8 [N, K / 2]; unpack_int4, its inverse
+      dequantize_groups(codes, scales, zeros, group_size) -> float32 [N, K]
+    """
+    absmax_quantize: Callable
+    group_quantize_int4: Callable
+    pack_int4: Callable
+    unpack_int4: Callable
+    dequantize_groups: Callable
+
+
+COURSE_FORMATS = Formats(absmax_quantize, group_quantize_int4, pack_int4, unpack_int4, dequantize)

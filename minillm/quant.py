@@ -21,9 +21,11 @@ Schemes (all round-to-nearest, RTN, unless stated):
 
 `QuantLinear` holds weight-only w8 / w4 weights and drops into the model in place of nn.Linear;
 `quantize_model(model, "int4-awq", calib_ids=...)` returns a quantized copy; `model_bytes` counts
-what it stores. Before building anything: `stored_bits_per_weight` (and its average over a
-model's linear layers, `linear_bits_per_weight`) gives the cost of a format, and
-`fake_quantize` / `fake_quantize_model` its error (weights quantized and dequantized in place).
+what it stores. Both build and read the codes with `kernels.formats`' functions, or with the
+`Formats` given (`formats=`: lab 04 passes its student's own). Before building anything:
+`stored_bits_per_weight` (and its average over a model's linear layers,
+`linear_bits_per_weight`) gives the cost of a format, and `fake_quantize` /
+`fake_quantize_model` its error (weights quantized and dequantized in place).
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ import torch.nn.functional as F
 
 from kernels import cpu_weight_only
 from kernels.formats import (  # noqa: F401
+    COURSE_FORMATS,
+    Formats,
     absmax_quantize,
     dequantize,
     group_quantize,
@@ -132,11 +136,14 @@ class QuantLinear(nn.Module):
     them in registers with the activations rounded to bf16 (the "a16"). Where those are missing
     (an older torch) or do not take the shape (int4: N a multiple of 16, G in 32..256), the
     weight is dequantized and multiplied instead, with a warning the first time.
+    formats: the functions that quantize, pack and read the codes (kernels.formats.Formats;
+    None: the course's).
     """
 
     def __init__(self, in_features: int, out_features: int, bits: int, group_size: int = 64,
-                 bias: bool = False, input_scale: bool = False):
+                 bias: bool = False, input_scale: bool = False, formats: Formats | None = None):
         super().__init__()
+        self.formats = COURSE_FORMATS if formats is None else formats
         if bits not in (8, 4):
             raise ValueError(f"QuantLinear supports 8 or 4 bits, got {bits}")
         if bits == 4 and (in_features % group_size or in_features % 2):
@@ -161,9 +168,12 @@ class QuantLinear(nn.Module):
     @classmethod
     @torch.no_grad()
     def from_linear(cls, linear: nn.Linear, bits: int = 8, group_size: int = 64,
-                    input_scale: torch.Tensor | None = None) -> "QuantLinear":
+                    input_scale: torch.Tensor | None = None,
+                    formats: Formats | None = None) -> "QuantLinear":
         q = cls(linear.in_features, linear.out_features, bits, group_size,
-                bias=linear.bias is not None, input_scale=input_scale is not None)
+                bias=linear.bias is not None, input_scale=input_scale is not None,
+                formats=formats)
+        f = q.formats
         w = linear.weight.detach().float()
         if input_scale is not None:
             if input_scale.shape != (linear.in_features,) or not (input_scale > 0).all():
@@ -172,11 +182,11 @@ class QuantLinear(nn.Module):
             q.input_scale.copy_(input_scale)
             w = w * input_scale[None, :]
         if bits == 8:
-            qw, s = absmax_quantize(w, 8, per_channel=True)
+            qw, s = f.absmax_quantize(w)
             q.qweight.copy_(qw), q.scales.copy_(s.squeeze(-1))
         else:
-            codes, s, z = group_quantize_int4(w, group_size)
-            q.qweight.copy_(pack_int4(codes)), q.scales.copy_(s), q.zeros.copy_(z)
+            codes, s, z = f.group_quantize_int4(w, group_size)
+            q.qweight.copy_(f.pack_int4(codes)), q.scales.copy_(s), q.zeros.copy_(z)
         if linear.bias is not None:
             q.bias.copy_(linear.bias.detach().float())
         return q.to(linear.weight.device)
@@ -201,7 +211,8 @@ class QuantLinear(nn.Module):
             if (q.bias is None) != (first.bias is None):
                 raise ValueError("QuantLinear.cat needs all layers biased or none")
         out = cls(first.in_features, sum(q.out_features for q in layers), first.bits,
-                  first.group_size or 64, bias=first.bias is not None).to(first.qweight.device)
+                  first.group_size or 64, bias=first.bias is not None,
+                  formats=first.formats).to(first.qweight.device)
         for name in ("qweight", "scales", "zeros", "bias"):
             if getattr(out, name) is not None:
                 getattr(out, name).copy_(torch.cat([getattr(q, name) for q in layers]))
@@ -213,8 +224,9 @@ class QuantLinear(nn.Module):
         if self.bits == 8:
             w = self.qweight.float() * self.scales.float()[:, None]
         else:
-            w = dequantize(unpack_int4(self.qweight), self.scales.float(), self.zeros.float(),
-                           self.group_size)
+            f = self.formats
+            w = f.dequantize_groups(f.unpack_int4(self.qweight), self.scales.float(),
+                                    self.zeros.float(), self.group_size)
         if scaled and self.input_scale is not None:
             w = w / self.input_scale.float()[None, :]
         return w
@@ -251,7 +263,8 @@ class QuantLinear(nn.Module):
         key = tuple((t.data_ptr(), t._version) for t in (self.qweight, self.scales, self.zeros))
         if getattr(self, "_w4_cpu_cache", (None,))[0] != key:
             self._w4_cpu_cache = (key, cpu_weight_only.pack_w4_cpu(
-                self.qweight, self.scales, self.zeros, self.group_size))
+                self.qweight, self.scales, self.zeros, self.group_size,
+                self.formats.unpack_int4))
         return self._w4_cpu_cache[1]
 
     def extra_repr(self) -> str:
@@ -371,10 +384,11 @@ def fake_quantize_model(model, quantize_weight, skip=("lm_head",)):
 
 
 def quantize_model(model, scheme: str, calib_ids: torch.Tensor | None = None,
-                   skip=("lm_head",), threshold: float = 6.0):
+                   skip=("lm_head",), threshold: float = 6.0, formats: Formats | None = None):
     """A quantized copy of `model`: every nn.Linear except `skip` replaced according to `scheme`
     (one of SCHEMES). "int4-awq" needs `calib_ids` [B, T] (calibration text, not the eval
-    split); the embedding, norms and lm_head stay in floating point."""
+    split); the embedding, norms and lm_head stay in floating point. formats: the QuantLinear
+    layers' (see QuantLinear)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {scheme!r}; choose from "
                          f"{', '.join(SCHEMES)}")
@@ -386,7 +400,7 @@ def quantize_model(model, scheme: str, calib_ids: torch.Tensor | None = None,
     for name in names:
         lin = new.get_submodule(name)
         try:
-            q = _quantize_linear(lin, scheme, inputs.get(name), threshold)
+            q = _quantize_linear(lin, scheme, inputs.get(name), threshold, formats)
         except ValueError as e:
             raise ValueError(f"{scheme} cannot quantize {name} ({lin.in_features} -> "
                              f"{lin.out_features}): {e}") from None
@@ -394,16 +408,17 @@ def quantize_model(model, scheme: str, calib_ids: torch.Tensor | None = None,
     return new
 
 
-def _quantize_linear(lin: nn.Linear, scheme: str, x, threshold: float) -> nn.Module:
+def _quantize_linear(lin: nn.Linear, scheme: str, x, threshold: float,
+                     formats: Formats | None = None) -> nn.Module:
     if scheme == "int8":
-        return QuantLinear.from_linear(lin, 8)
+        return QuantLinear.from_linear(lin, 8, formats=formats)
     if scheme in ("int8-tensor", "int8-zp"):
         return _FakeQuant(lin, scheme)
     if scheme.startswith("int4-g"):
-        return QuantLinear.from_linear(lin, 4, int(scheme[len("int4-g"):]))
+        return QuantLinear.from_linear(lin, 4, int(scheme[len("int4-g"):]), formats=formats)
     if scheme == "int4-awq":
         s, _, _ = awq_search(lin, x, group_size=64)
-        return QuantLinear.from_linear(lin, 4, 64, input_scale=s)
+        return QuantLinear.from_linear(lin, 4, 64, input_scale=s, formats=formats)
     return Int8MixedLinear(lin, threshold)
 
 

@@ -41,12 +41,13 @@ FORMATS = ("fp32", "bf16", "int8", "int4")
 GOALS = {"int8_vs_fp32": 1.5, "int4_vs_fp32": 1.8}     # issue 19, one thread
 
 
-def model_formats(model, group_size: int = 64) -> dict:
-    """The four formats of `model` (left unchanged): {name: model}."""
+def model_formats(model, group_size: int = 64, formats=None) -> dict:
+    """The four formats of `model` (left unchanged): {name: model}; formats: the quantized
+    layers' format functions (kernels.formats.Formats; None: the course's)."""
     bf16 = copy.deepcopy(model).to(torch.bfloat16).eval()
     return {"fp32": copy.deepcopy(model).float().eval(), "bf16": bf16,
-            "int8": quantize_model(bf16, "int8"),
-            "int4": quantize_model(bf16, f"int4-g{group_size}")}
+            "int8": quantize_model(bf16, "int8", formats=formats),
+            "int4": quantize_model(bf16, f"int4-g{group_size}", formats=formats)}
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -59,13 +60,14 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 def bench_quant(model, prompt: list[int], *, new_tokens: int = 256, repeats: int = 5,
                 group_size: int = 64, threads: int | None = None, compiled: bool = True,
-                cpu_time: bool = False) -> dict:
+                cpu_time: bool = False, formats=None) -> dict:
     """The report described in the module docstring. compiled=False runs each format's packed
     step op by op instead (`PackedDecoder`, layout "out_in": the float layers through torch's
     matmul, the quantized ones through QuantLinear's kernels): no compiler needed, and the
     per-op overhead of a step stays in the figures. cpu_time=True times every run in this
     process's CPU seconds (`cpu_time_interleaved`): on one thread a busy neighbour then cannot
-    lengthen a run, which the wall clock (the default) counts."""
+    lengthen a run, which the wall clock (the default) counts. formats: the int8 and int4
+    models' format functions (kernels.formats.Formats; lab 04 passes its student's)."""
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
     if new_tokens < 2 or repeats < 1:
@@ -77,7 +79,7 @@ def bench_quant(model, prompt: list[int], *, new_tokens: int = 256, repeats: int
     if threads is not None:
         torch.set_num_threads(threads)
     ids = torch.tensor([prompt])
-    models = model_formats(model, group_size)
+    models = model_formats(model, group_size, formats)
     steps = new_tokens - 1
     context = len(prompt) + (steps - 1) / 2            # the steps' mean context
     fns, tokens, per_token, stored = {}, {}, {}, {}

@@ -128,6 +128,43 @@ def test_quant_linear_falls_back_exactly_where_the_int4_kernel_cannot_run():
                                rtol=1e-4)
 
 
+def test_quant_linear_builds_and_reads_its_codes_with_the_given_formats(tiny):
+    """formats=: the functions that quantize, pack and unpack QuantLinear's codes (lab 04 passes
+    its student's; its grading kernel withholds the course's), in every layer quantize_model
+    makes and QuantLinear.cat merges. A layout with the nibbles swapped proves it: other
+    bytes, the same layer."""
+    calls = []
+
+    def swapped_pack(codes):
+        c = codes.to(torch.uint8)
+        return (c[:, 0::2] << 4) | c[:, 1::2]
+
+    def swapped_unpack(packed):
+        return torch.stack([packed >> 4, packed & 0x0F], dim=-1).reshape(packed.shape[0], -1)
+
+    def logged(name, fn):
+        return lambda *args: calls.append(name) or fn(*args)
+
+    swapped = quant.Formats(logged("absmax", absmax_quantize),
+                            logged("groups", group_quantize_int4), swapped_pack, swapped_unpack,
+                            logged("dequantize", dequantize))
+    lin, x = nn.Linear(128, 32, bias=False), rand(3, 128)
+    ours, theirs = (QuantLinear.from_linear(lin, 4, 64, formats=f) for f in (None, swapped))
+    assert not torch.equal(ours.qweight, theirs.qweight)
+    assert torch.equal(swapped_unpack(theirs.qweight), unpack_int4(ours.qweight))
+    torch.testing.assert_close(theirs(x), ours(x))          # torch's kernel got the same codes
+    torch.testing.assert_close(theirs.dequantized_weight(), ours.dequantized_weight())
+    merged = QuantLinear.cat([theirs, theirs])
+    assert merged.formats is swapped
+    torch.testing.assert_close(merged(x), torch.cat([ours(x), ours(x)], dim=-1))
+    assert calls == ["groups", "dequantize"]
+    for scheme in ("int8", "int4-g64"):
+        q = quantize_model(tiny, scheme, formats=swapped)
+        layers = [m for m in q.modules() if isinstance(m, QuantLinear)]
+        assert layers and all(m.formats is swapped for m in layers)
+    assert calls.count("absmax") == calls.count("groups") - 1 == len(layers)
+
+
 def test_quant_linear_errors():
     with pytest.raises(ValueError, match="8 or 4 bits"):
         QuantLinear(64, 8, bits=3)

@@ -200,7 +200,8 @@ def mine(attn, q_nope, q_rope, c, k_rope):                 # a student's naive s
     B, S, _ = c.shape
     N, H, R = attn.n_heads, attn.head_dim, attn.rope_dim
     k = torch.cat([attn.k_up(c).view(B, S, N, H - R), k_rope[:, :, None].expand(B, S, N, R)], -1)
-    p = torch.softmax(torch.einsum("bnh,bsnh->bns", torch.cat([q_nope, q_rope], -1), k) / H ** 0.5, -1)
+    q = torch.cat([q_nope, q_rope], -1)
+    p = torch.softmax(torch.einsum("bnh,bsnh->bns", q, k) / H ** 0.5, -1)
     return torch.einsum("bns,bsnh->bnh", p, attn.v_up(c).view(B, S, N, H))
 model = lab03.random_model(0, dict(vocab_size=50, dim=48, n_layers=2, n_heads=4, head_dim=16,
                                    hidden_dim=64, max_seq_len=32))
@@ -209,7 +210,8 @@ ids = torch.randint(0, 50, (1, 10), generator=torch.Generator().manual_seed(0))
 with torch.no_grad():
     full = plain(ids)
     cache = KVCache.for_model(yours, 1, 10)
-    steps = [yours(ids[:, :4], cache=cache)] + [yours(ids[:, t:t + 1], cache=cache) for t in range(4, 10)]
+    steps = [yours(ids[:, :4], cache=cache)]
+    steps += [yours(ids[:, t:t + 1], cache=cache) for t in range(4, 10)]
 print("agree", torch.allclose(torch.cat(steps, 1), full, atol=1e-5))
 """)
     assert out.split() == ["withheld", "withheld", "agree", "True"], out
@@ -313,3 +315,59 @@ print("sampled", diffusion.sample_with(diffusion_sample, dlm, [5, 6], 8, 4, temp
     assert "withheld: minillm.diffusion.sample" in out, out
     assert "forward (1, 4, 4096) 7" in out and "decoded True" in out, out
     assert "sampled ([7, 7, 7, 7, 7, 7, 7, 7], 2)" in out, out
+
+
+def test_lab04_builds_its_quantized_models_with_the_students_formats(tmp_path):
+    """Lab 04 withholds kernels.formats' quantizers and int4 packing (its student writes them)
+    although its cells build QuantLinear models and run bench_quant: in its kernel those take
+    the student's functions (`formats=`), and the Triton probes draw their int4 codes as bytes."""
+    lab = "04_quantization"
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    course, _ = build(withheld_of(nb), lab, tmp_path / "course")
+    out = run_with(course, """
+import torch, torch.nn as nn
+import kernels
+from kernels import formats as f
+from autograder.labs import lab04_triton as tri
+from minillm import quant
+from minillm.config import ModelConfig
+from minillm.model import Transformer
+from minillm.quant_speed import bench_quant
+w, c = torch.randn(32, 128), torch.zeros(2, 4, dtype=torch.uint8)
+for call in (lambda: f.absmax_quantize(w), lambda: f.zeropoint_quantize(w),
+             lambda: f._zeropoint(w, 4, True), lambda: f.group_quantize(w, 64, 3),
+             lambda: f.group_quantize_int4(w), lambda: f.pack_int4(c), lambda: f.unpack_int4(c),
+             lambda: f.dequantize(c, torch.ones(2, 1)), lambda: kernels.quantize_w4(w),
+             lambda: quant.QuantLinear.from_linear(nn.Linear(128, 32), 4)):
+    try:
+        call()
+    except NotImplementedError:
+        print("withheld")
+def absmax(w):                                             # a student's functions
+    s = w.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
+    return torch.round(w / s).clamp(-127, 127).to(torch.int8), s
+def groups(w, G):
+    N, K = w.shape
+    g = w.float().reshape(N, K // G, G)
+    lo, hi = g.amin(-1, keepdim=True).clamp(max=0), g.amax(-1, keepdim=True).clamp(min=0)
+    s = (hi - lo).clamp(min=1e-12) / 15
+    z = torch.round(-lo / s)
+    q = (torch.round(g / s) + z).clamp(0, 15).to(torch.uint8)
+    return q.reshape(N, K), s[..., 0], z[..., 0]
+def pack(codes):
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+def unpack(p):
+    return torch.stack([p & 15, p >> 4], -1).reshape(p.shape[0], -1)
+def deq(codes, s, z, G):
+    N, K = codes.shape
+    return ((codes.float().reshape(N, K // G, G) - z[..., None]) * s[..., None]).reshape(N, K)
+torch.manual_seed(0)
+m = Transformer(ModelConfig(vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                            hidden_dim=128, max_seq_len=64)).eval()
+r = bench_quant(m, list(range(1, 9)), new_tokens=3, repeats=1, compiled=False,
+                formats=quant.Formats(absmax, groups, pack, unpack, deq))
+print("bench", r["int4_tok_s"] > 0, r["int8_tok_s"] > 0)
+ins = tri.case_inputs("w4a16_gemv", tri.CASES["w4a16_gemv"][0], 1, fence=True)
+print("probes", len(ins), len(tri._speed_inputs("w4a16", 32, 256, 128, "cpu")[0]))
+""")
+    assert out.split() == ["withheld"] * 10 + ["bench", "True", "True", "probes", "4", "4"], out

@@ -12,7 +12,6 @@ from autograder.checks import assert_close
 from autograder.labs import kernelcheck as kc
 from autograder.probes import probe
 from kernels.dequant_ref import w4a16_matmul_ref, w8a16_matmul_ref
-from kernels.formats import group_quantize_int4, pack_int4
 from kernels.intmath import cdiv
 
 # on a GPU, at 4096 x 4096, batch 1, bf16 (the course's reach ~2x more: benchmarks/RESULTS.md)
@@ -200,9 +199,18 @@ def case_inputs(what: str, c: dict, seed: int, fence: bool = False) -> list[torc
         q = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
         s = torch.rand(N, generator=g) / 64 + 1e-3
         return [rows(c["M"], K, K + 6), put(q), put(s)]
-    codes, s, z = group_quantize_int4(torch.randn(N, K, generator=g), c["group_size"])
+    packed, s, z = _w4_layer(N, K, c["group_size"], g)
     sz = put(torch.stack([s, z]))                 # scales and zeros share their strides
-    return [rows(c["M"], K, K + 6), put(pack_int4(codes)), sz[0], sz[1]]
+    return [rows(c["M"], K, K + 6), put(packed), sz[0], sz[1]]
+
+
+def _w4_layer(N: int, K: int, group_size: int, g: torch.Generator):
+    """Random int4 codes, packed two per byte, and a scale and zero per group (the course's
+    quantizers are withheld from lab 04's kernel, where the probes draw this too)."""
+    packed = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)
+    scales = torch.rand(N, K // group_size, generator=g) / 4 + 0.05
+    zeros = torch.randint(0, 16, (N, K // group_size), generator=g).float()
+    return packed, scales, zeros
 
 
 @probe
@@ -242,11 +250,14 @@ check_silu_mul, check_rmsnorm, check_matvec, check_w8a16_gemv, check_w4a16_gemv 
 
 def _speed_inputs(fmt: str, N: int, K: int, group_size: int, dev: str):
     """([x, codes, scales(, zeros)] of a random layer, bf16 batch 1; the bytes a product moves)."""
-    import kernels
     g = torch.Generator().manual_seed(4206)
-    w = torch.randn(N, K, generator=g) / K ** 0.5
     x = torch.randn(1, K, generator=g).to(BF16)
-    weight = kernels.quantize_w8(w) if fmt == "w8a16" else kernels.quantize_w4(w, group_size)
+    if fmt == "w8a16":
+        weight = (torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8),
+                  torch.rand(N, generator=g) / (64 * K ** 0.5) + 1e-5)
+    else:
+        packed, s, z = _w4_layer(N, K, group_size, g)
+        weight = (packed, s / K ** 0.5, z)
     ins = [t.to(dev) for t in (x, *weight)]
     return ins, sum(t.nbytes for t in ins) + 2 * N
 
