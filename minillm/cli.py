@@ -1,23 +1,6 @@
-"""`minillm` command line (also `python -m minillm`).
-
-    minillm generate "To be, or not" --max-new-tokens 64 [--temperature T --top-k K --top-p P
-                     --seed S --model NAME|PATH --steps N (diffusion)] [--json]
-    minillm eval ppl [--model NAME|PATH] [--max-tokens N] [--quant SCHEME] [--kv-int8] --json
-    minillm eval kv-variants [--model NAME|PATH] [--max-tokens N] --json
-    minillm napkin --model llama-2-13b --gpu h100 --batch B --seq-len S [--kv-heads K]
-                   [--bytes-per-param P] --json
-    minillm bench decode [--model NAME|PATH] [--prompt-len P --new-tokens N --batch B]
-                         [--vs-hf] [--compile] [--no-naive] [--no-fused-step] [--cpu-time]
-                         [--repeats R] [--dtype float32,bfloat16] --json
-    minillm bench quant [--model NAME|PATH] [--prompt-len P --new-tokens N --group-size G] --json
-    minillm bench speculative [--model M --draft D --k 1,2,4 --new-tokens N] [--cpu-time]
-                              [--no-lookup] [--no-predict] --json
-    minillm bench batching [--requests N --rate R --seed S --max-batch B] --json
-    minillm serve [--model NAME|PATH --host H --port P --max-num-seqs N --kv-blocks K
-                   --max-batched-tokens T --backend B]     (OpenAI-compatible HTTP server)
-    minillm bench serve [--url URL] [--rates 2,4,8,16 --requests N --duration S --chunk T
-                        --long-prompt-len L --long-every K --rounds R] --json
-    minillm train ...            (same as python -m minillm.train)
+"""`minillm` command line (also `python -m minillm`): `generate`, `eval ppl|kv-variants`,
+`napkin`, `bench decode|quant|speculative|batching|serve`, `serve` (an OpenAI-compatible HTTP
+server) and `train` (as `python -m minillm.train`); `minillm COMMAND --help` gives the options.
 
 Commands that print figures share --json (one JSON object on stdout); those that run a model
 share --model NAME|PATH and --threads N (argparse parent parsers); `_report` prints every result.
