@@ -1,6 +1,8 @@
 """The shape of the code, checked: imports run one way (`autograder -> minillm -> kernels`,
-`slides -> minillm`), no two project modules import each other (directly or around a loop,
-counting imports inside functions too), and no source file grows past 600 lines.
+`slides -> minillm, kernels`, `benchmarks -> autograder, minillm, kernels`, `tests` -> any, and
+nothing imports `tests`), no two project modules import each other (directly or around a loop,
+counting imports inside functions too), no source file grows past 600 lines and no test file
+past 800.
 
 Read from the source with `ast`, so nothing is imported and the check takes well under a second.
 """
@@ -12,8 +14,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernels", "minillm", "autograder", "slides")
+PACKAGES = ("kernels", "minillm", "autograder", "slides", "benchmarks", "tests")
 MAX_LINES = 600
+MAX_TEST_LINES = 800
 
 # Which project packages each package may import. Everything not listed is refused.
 ALLOWED = {
@@ -21,6 +24,8 @@ ALLOWED = {
     "minillm": {"kernels"},
     "autograder": {"minillm", "kernels"},
     "slides": {"minillm", "kernels"},
+    "benchmarks": {"autograder", "minillm", "kernels"},
+    "tests": {"autograder", "minillm", "kernels", "slides", "benchmarks"},
 }
 
 
@@ -59,12 +64,17 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         else:
             continue
         for t in targets:
+            if name.startswith("tests.") and f"tests.{t}".split(".")[1] in _TEST_STEMS:
+                t = f"tests.{t}"                        # a test module imports a sibling by name
             while t and t not in known:                 # a name inside a module -> the module
                 t = t.rpartition(".")[0]
             if t and t.split(".")[0] in PACKAGES:
                 out.add(t)
     out.discard(name)
     return out
+
+
+_TEST_STEMS = {p.stem for p in (REPO / "tests").glob("*.py")}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +89,8 @@ def test_imports_run_one_way(graph):
              if b.split(".")[0] != a.split(".")[0]
              and b.split(".")[0] not in ALLOWED[a.split(".")[0]]]
     assert not wrong, "imports against the layers (autograder -> minillm -> kernels; " \
-                      "slides -> minillm):\n" + "\n".join(wrong)
+                      "slides -> minillm, kernels; benchmarks -> autograder, minillm, kernels; " \
+                      "tests -> any):\n" + "\n".join(wrong)
 
 
 def _is_parent_package(a: str, b: str) -> bool:
@@ -148,7 +159,15 @@ def test_the_layer_rules_refuse_an_arrow_back(tmp_path):
     assert "minillm" not in ALLOWED["kernels"]
 
 
-def test_no_source_file_over_600_lines():
-    long = [f"{p.relative_to(REPO)}: {n} lines" for p in modules().values()
-            if (n := len(p.read_text().splitlines())) > MAX_LINES]
-    assert not long, f"files over {MAX_LINES} lines (split them by concept):\n" + "\n".join(long)
+def test_test_modules_are_in_the_graph_and_nothing_may_import_them(graph):
+    assert "tests.test_pipeline" in graph["tests.test_fairness"]      # a sibling, by bare name
+    assert "benchmarks.speed_checks" in graph["tests.test_speed_checks"]
+    assert not any("tests" in allowed for allowed in ALLOWED.values())
+
+
+def test_no_source_file_over_600_lines_and_no_test_file_over_800():
+    long = [f"{name}: {n} lines" for name, p in modules().items()
+            if (n := len(p.read_text().splitlines())) >
+            (MAX_TEST_LINES if name.startswith("tests.") else MAX_LINES)]
+    assert not long, f"files over {MAX_LINES} lines, test files over {MAX_TEST_LINES} " \
+                     "(split them by concept):\n" + "\n".join(long)
