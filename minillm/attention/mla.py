@@ -62,6 +62,16 @@ def _check_dims(head_dim: int, latent_dim, rope_dim) -> None:
                          f"{rope_dim!r}")
 
 
+def _up_projected(attn, q_nope, q_rope, c, k_rope, q_pos, k_pos):
+    """`MLAAttention.attend_naive`'s computation (see there)."""
+    B, N, S = c.shape[0], attn.n_heads, c.shape[2]
+    k_nope = attn.k_up(c[:, 0]).view(B, S, N, attn.nope_dim).transpose(1, 2)
+    v = attn.v_up(c[:, 0]).view(B, S, N, attn.head_dim).transpose(1, 2)
+    k = torch.cat([k_nope, k_rope.expand(B, N, S, attn.rope_dim)], dim=-1)
+    q = torch.cat([q_nope, q_rope], dim=-1)
+    return attend(q, k, v, q_pos, k_pos, attn.window)
+
+
 class MLAAttention(nn.Module):
     """DeepSeek-V2 style attention whose cache holds a latent c [C] and a shared rope key [R].
 
@@ -122,15 +132,8 @@ class MLAAttention(nn.Module):
                                    k_rope[:, 0])[:, :, None]
         elif self.absorb:
             out = self.attend_absorbed(q_nope, q_rope, c, k_rope, positions, k_pos)
-        else:
-            # attend_naive, written out: lab 03 withholds that method from its grading kernel
-            # (its student writes the step), while its MLA models run this path
-            S = c.shape[2]
-            k_nope = self.k_up(c[:, 0]).view(B, S, N, self.nope_dim).transpose(1, 2)
-            v = self.v_up(c[:, 0]).view(B, S, N, H).transpose(1, 2)
-            k = torch.cat([k_nope, k_rope.expand(B, N, S, R)], dim=-1)
-            out = attend(torch.cat([q_nope, q_rope], dim=-1), k, v, positions, k_pos,
-                         self.window)                                    # [B, N, T, H]
+        else:       # not attend_naive: lab 03 withholds it, and its MLA models run this
+            out = _up_projected(self, q_nope, q_rope, c, k_rope, positions, k_pos)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, N * H))
 
     def attend_naive(self, q_nope, q_rope, c, k_rope, q_pos, k_pos):
@@ -138,12 +141,7 @@ class MLAAttention(nn.Module):
 
         q_nope [B, N, T, H-R], q_rope [B, N, T, R] (rotated), c [B, 1, S, C], k_rope
         [B, 1, S, R] (rotated), positions q_pos / k_pos -> [B, N, T, H]. Lab 03's baseline."""
-        B, N, S = c.shape[0], self.n_heads, c.shape[2]
-        k_nope = self.k_up(c[:, 0]).view(B, S, N, self.nope_dim).transpose(1, 2)
-        v = self.v_up(c[:, 0]).view(B, S, N, self.head_dim).transpose(1, 2)
-        k = torch.cat([k_nope, k_rope.expand(B, N, S, self.rope_dim)], dim=-1)
-        q = torch.cat([q_nope, q_rope], dim=-1)
-        return attend(q, k, v, q_pos, k_pos, self.window)
+        return _up_projected(self, q_nope, q_rope, c, k_rope, q_pos, k_pos)
 
     def attend_absorbed(self, q_nope, q_rope, c, k_rope, q_pos, k_pos):
         """Attend in latent space: every head shares the key [c, k_rope] and the value c.
