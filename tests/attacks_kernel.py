@@ -109,7 +109,8 @@ ATTACKS = [
     # 3. delegating to the reference -------------------------------------------------------------
     Attack("delegation", "scale delegates to minillm.sampling.apply_temperature through a default "
            "argument, a closure, a list, a dict, functools.partial, an import alias, a class "
-           "attribute, the module attribute, the module reloaded, and the reference's source "
+           "attribute, the module attribute, a library function that calls it (filter_logits), "
+           "the module reloaded, and the reference's source "
            "read from the installed package: each fails, the reference is withheld from the "
            "kernel (autograder/withheld.py)",
            src(r'''
@@ -130,7 +131,8 @@ ATTACKS = [
                     ("list", lambda x, t: _LIST[0](x, t)), ("dict", lambda x, t: _DICT["f"](x, t)),
                     ("functools.partial", functools.partial(_REF)), ("import-alias", _alias),
                     ("class-attribute", _Holder.f),
-                    ("module-attribute", lambda x, t: minillm.sampling.apply_temperature(x, t))]
+                    ("module-attribute", lambda x, t: minillm.sampling.apply_temperature(x, t)),
+                    ("library-caller", lambda x, t: minillm.sampling.filter_logits(x, t))]
         import importlib, inspect, pathlib, site
         def _reloaded(x, t):
             return importlib.reload(minillm.sampling).apply_temperature(x, t)
@@ -163,7 +165,7 @@ ATTACKS = [
             raise AssertionError("refused: " + " ".join(refused))
     '''), earned=E_WRONG, tamper=False, forbid=("DELEGATED via",),
            require=("refused: default-argument closure list dict functools.partial import-alias "
-                    "class-attribute module-attribute reload source",)),
+                    "class-attribute module-attribute library-caller reload source",)),
 
     # 4. the helpers the tests call --------------------------------------------------------------
     Attack("helpers", "the names assert_close / reference_disabled / minillm rebound in the "

@@ -1,5 +1,5 @@
 """Honest submissions to labs 06, 08 and 09 in other styles (tests/test_fairness.py grades them):
-NumPy where torch was shown, a scheduler written as a class over a deque, a distillation step
+NumPy where torch was shown, the trace drawn with Python's own random module, a scheduler written as a class over a deque, a distillation step
 with a torch.optim optimizer of the student's own for a sanity check and a loss written out by
 hand, and linear attention written with einsum."""
 from __future__ import annotations
@@ -96,9 +96,34 @@ def la_parallel(q, k, v, decay):
     return torch.einsum("bhts,bhsd->bhtd", scores, v) / (scores.sum(-1, keepdim=True) + EPS)
 '''
 
+STDLIB_RANDOM = '''
+import math
+import random
+from itertools import accumulate
+
+def _rng(generator):
+    """Python's own generator, seeded from the torch generator given (same seed, same draws)."""
+    return random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
+
+def poisson_arrivals(n, rate, generator):
+    if not 0 < rate < math.inf:
+        raise ValueError(f"rate must be positive and finite, got {rate}")
+    rng = _rng(generator)
+    return list(accumulate(rng.expovariate(rate) for _ in range(n)))
+
+def lognormal_lengths(n, median, sigma, max_len, generator):
+    rng = _rng(generator)
+    return [min(max_len, max(1, round(rng.lognormvariate(math.log(median), sigma))))
+            for _ in range(n)]
+'''
+
 SUBMISSIONS = [
     Honest("06_continuous_batching", "numpy_percentile", "percentile with NumPy's np.percentile",
            {"06_metrics": NUMPY_PERCENTILE}),
+    Honest("06_continuous_batching", "stdlib_random",
+           "the trace drawn with Python's random module seeded from the given generator, "
+           "itertools.accumulate, comprehensions (the lab's trace cell runs these too)",
+           {"06_workload": STDLIB_RANDOM}),
     Honest("06_continuous_batching", "scheduler_class",
            "a Scheduler class over a deque, itertools for the static batches",
            {"06_schedule": SCHEDULER_CLASS}),
