@@ -575,7 +575,8 @@ ATTACKS = [
         print("squatter started")
     ''') + GOOD, earned=E_GOOD, require=("squatter started",)),
     Attack("asks_the_tester", "in the hidden call `scale` opens its own end of the tester's "
-           "connection (a dup of each Unix socket in /proc/self/fd) and sends the tester "
+           "connection (a dup of the socket in /proc/self/fd whose peer is tester.sock; writing "
+           "into the kernel's own ipc sockets would only wreck the kernel) and sends the tester "
            "requests of its own (a probe that would run the reference, a call): the tester makes "
            "requests and reads replies, it never serves one, so what arrives is a malformed "
            "reply and the test fails",
@@ -591,9 +592,14 @@ ATTACKS = [
                     s = socket.socket(fileno=os.dup(fd))
                 except OSError:
                     continue
-                if s.family != socket.AF_UNIX or s.type != socket.SOCK_STREAM:
+                try:
+                    peer = s.getpeername() if s.family == socket.AF_UNIX else ""
+                except OSError:
+                    peer = ""
+                if not str(peer).endswith("tester.sock"):
                     s.detach()
                     continue
+                print("asks the tester at", s.getpeername(), flush=True)
                 codec = Codec()
                 for msg in ({"op": "probe", "fn": "minillm.sampling:apply_temperature"},
                             {"op": "call", "name": "ref"}):
@@ -604,7 +610,7 @@ ATTACKS = [
                         pass
                 s.detach()
             return logits
-    '''), require=("asks the tester ready",)),
+    '''), require=("asks the tester ready", "asks the tester at")),
     Attack("forged_dataclass", "in the hidden call `scale` returns a dataclass of its own whose "
            "__module__ / __qualname__ claim minillm.sampling's `apply_temperature`, holding the "
            "test's logits and temperature: a kernel encodes a course dataclass by value, and a "
