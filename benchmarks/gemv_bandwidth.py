@@ -4,15 +4,15 @@
 
 Batch-1 decode is a chain of matrix-vector products, so no decode step can beat the slowest GEMV
 available for its weight format. The script times, interleaved (median of `--rounds`, 20 passes
-each), one pass over the shipped target's weight matrices as `minillm.compiled_decode` holds
+each), one pass over the shipped target's weight matrices as `minillm.decode.compiled` holds
 them, in four formats (`minillm.quant_speed.model_formats`; fp32 and bf16 with lm_head, int8 and
 int4 without it, since the quantized models keep it in bf16), with:
 
 * `read`: `buf.sum()` over a buffer of the same bytes (codes, scales and zeros included);
-* `generated`: the product `minillm.compiled_decode.gemv` uses, compiled as the decode step
+* `generated`: the product `minillm.decode.compiled.gemv` uses, compiled as the decode step
   compiles it (fp32: `torch.mv`, which Inductor generates as a loop of its own; bf16: a loop
   Inductor generates that widens each weight in registers; int8: that loop on an AVX-512 CPU,
-  torch's int8 kernel elsewhere (`compiled_decode.inductor_vectorizes_int8`); int4: torch's
+  torch's int8 kernel elsewhere (`minillm.decode.compiled.inductor_vectorizes_int8`); int4: torch's
   int4 CPU kernel);
 * fp32 and bf16 `blas`: x @ W with [in, out] weights (MKL for fp32, oneDNN's matmul for bf16);
   bf16 `onednn`: oneDNN's inner product on weights packed for it;
@@ -37,8 +37,8 @@ import torch
 import minillm
 from kernels import cpu_weight_only
 from minillm.bandwidth import nbytes
-from minillm.compiled_decode import INDUCTOR_OPTIONS, Int8Rows, gemv, step_matrix
-from minillm.fast_decode import PackedDecoder
+from minillm.decode import PackedDecoder
+from minillm.decode.compiled import INDUCTOR_OPTIONS, Int8Rows, gemv, step_matrix
 from minillm.quant_speed import model_formats
 
 G = 64
@@ -46,7 +46,7 @@ G = 64
 
 def matrices(model, lm_head: bool) -> list:
     """The matrices one compiled decode step reads (q/k/v and gate/up concatenated), as
-    `minillm.compiled_decode.step_matrix` keeps them."""
+    `minillm.decode.compiled.step_matrix` keeps them."""
     packed = PackedDecoder(model, layout="out_in")
     ws = [w[k] for w in packed.layers for k in ("qkv", "o", "gu", "down")]
     return [step_matrix(w) for w in ws + ([packed.lm_head] if lm_head else [])]

@@ -11,7 +11,7 @@ F 11008, V 32000). Weights in bf16, or int8 / int4 (groups of 128) through minil
 QuantLinear, which runs the Triton fused dequant-matmul kernels on a GPU (the LM head stays
 bf16, as `quantize_model` leaves it).
 
-Each format decodes with `minillm.graph_decode.GraphDecoder`: a CUDA graph per step (``graph``)
+Each format decodes with `minillm.decode.graph.GraphDecoder`: a CUDA graph per step (``graph``)
 and, on the same decoder, the same step launched kernel by kernel from Python (``eager``);
 ``bf16_triton`` is bf16 with the products on the Triton GEMV of kernels/gemv.py instead of
 cuBLAS; ``--compile`` adds bf16 through torch.compile (cuBLAS or the Triton GEMV), with and
@@ -86,8 +86,8 @@ def quantized(model, scheme: str | None):
 def check_tokens(n: int = 48) -> list[dict]:
     """GraphDecoder against the naive loop on the shipped model, on the GPU."""
     import minillm
+    from minillm.decode import GraphDecoder
     from minillm.generate import generate_naive
-    from minillm.graph_decode import GraphDecoder
     from minillm.quant_speed import first_divergence
     from minillm.sampling import SamplingParams
     prompt = list(range(5, 5 + PROMPT_LEN))
@@ -116,7 +116,7 @@ def check_tokens(n: int = 48) -> list[dict]:
 def bench_model(name: str, steps: int, rounds: int, copy_gbps: float, compile_: bool,
                 gen_matvec: bool = False) -> dict:
     from minillm.bandwidth import step_bytes
-    from minillm.graph_decode import GraphDecoder
+    from minillm.decode import GraphDecoder
     t0 = time.perf_counter()
     base = build(name)
     max_len = PROMPT_LEN + steps
@@ -184,7 +184,7 @@ def profile(name: str, compile_: bool, triton_gemv: bool = False, steps: int = 2
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from minillm.graph_decode import GraphDecoder
+    from minillm.decode import GraphDecoder
     dec = GraphDecoder(build(name), max_len=PROMPT_LEN + 2 * steps, compile=compile_,
                        triton_gemv=triton_gemv)
     dec.prefill(torch.arange(PROMPT_LEN) % 1000 + 3)

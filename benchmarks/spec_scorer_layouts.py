@@ -19,7 +19,7 @@ import time
 import torch
 
 import minillm
-from minillm.fast_decode import PackedDecoder, generate_packed, onednn_available
+from minillm.decode import PackedDecoder, generate_packed, onednn_available
 from minillm.sampling import SamplingParams
 from minillm.speculative import ModelDrafter, speculative_generate
 

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/step_profile.py [--format int4] [--context 160] [--calls 100]
 
 Builds the shipped target in the format (`minillm.quant_speed.model_formats`), compiles its step
-(`minillm.compiled_decode.CompiledDecoder`), prefills a cache to `--context` positions and runs
+(`minillm.decode.compiled.CompiledDecoder`), prefills a cache to `--context` positions and runs
 the compiled step `--calls` times at the next position under torch.profiler, with Inductor's
 generated kernels named in the profile (`cpp.enable_kernel_profile`). Prints microseconds per
 step in five parts:
@@ -30,7 +30,7 @@ import torch._inductor.config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 import minillm
-from minillm.compiled_decode import CompiledDecoder
+from minillm.decode.compiled import CompiledDecoder
 from minillm.kvcache import KVCache
 from minillm.quant_speed import FORMATS, model_formats
 

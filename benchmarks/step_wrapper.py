@@ -4,7 +4,7 @@
 
 Inductor's Python wrapper checks, by default, the size, stride and alignment of every tensor it
 is given before it calls the generated code; the compiled step is given ~60 (every weight matrix,
-norm and cache). `minillm.compiled_decode.INDUCTOR_OPTIONS` turns those asserts off, since
+norm and cache). `minillm.decode.compiled.INDUCTOR_OPTIONS` turns those asserts off, since
 Dynamo's guards have already checked the same tensors. Inductor's C++ wrapper (`cpp_wrapper`)
 would call the generated code, and the int4 step's 24 calls of torch's int4 kernel, without
 Python in between; the step does not use it (its compile is much longer). For each
@@ -22,10 +22,10 @@ import argparse
 import torch
 
 import minillm
-from minillm import compiled_decode
 from minillm.bandwidth import reader, step_bytes
+from minillm.decode import PackedDecoder
+from minillm.decode import compiled as compiled_decode
 from minillm.decode_speed import decode_steps
-from minillm.fast_decode import PackedDecoder
 from minillm.quant_speed import FORMATS, model_formats
 from minillm.timing import cpu_time_interleaved, median
 

@@ -8,7 +8,7 @@
    matrices, many ops, as in most of the labs' cells) on 1 and on 2 torch threads, alone and
    beside a second process running 64 x 64 matrix products on 2 threads (the other worker).
 2. Inductor's compile workers. A cold compile of the draft's fused decode step
-   (`minillm.compiled_decode.CompiledDecoder`, 6 greedy tokens) with Inductor's default pool of
+   (`minillm.decode.compiled.CompiledDecoder`, 6 greedy tokens) with Inductor's default pool of
    compile processes and with `TORCHINDUCTOR_COMPILE_THREADS=1`, each in a fresh process with an
    empty cache directory of its own, on one torch thread, alone and beside the same neighbour.
 
@@ -44,8 +44,8 @@ while True:
 COMPILE = """
 import time, torch
 import minillm
-from minillm.compiled_decode import CompiledDecoder
-from minillm.fast_decode import generate_packed
+from minillm.decode.compiled import CompiledDecoder
+from minillm.decode import generate_packed
 torch.set_num_threads(1)
 m = minillm.load("draft")
 prompt = torch.randint(1, m.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(0))

@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--dtype", default="float32,bfloat16",
                     help="weight formats to time, comma-separated (float32, bfloat16)")
     bd.add_argument("--no-fused-step", action="store_true",
-                    help="skip the fused batch-1 step (minillm.compiled_decode: torch.compile "
+                    help="skip the fused batch-1 step (minillm.decode.compiled: torch.compile "
                          "takes 10-40 s the first time)")
     bd.add_argument("--vs-hf", action="store_true", help="also time Hugging Face generate")
     bd.add_argument("--compile", action="store_true",
@@ -482,8 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--group-size", type=int, default=64, help="int4 group size (32, 64, 128)")
     bq.add_argument("--step", choices=("compiled", "packed"), default="compiled",
                     help="each format's batch-1 step: one function compiled by torch.compile "
-                         "(minillm.compiled_decode; compiles on first use, cached on disk) or "
-                         "op by op (minillm.fast_decode.PackedDecoder; no compiler)")
+                         "(minillm.decode.compiled; compiles on first use, cached on disk) or "
+                         "op by op (minillm.decode.packed.PackedDecoder; no compiler)")
     bq.set_defaults(func=cmd_bench_quant)
 
     bs = bsub.add_parser("speculative", parents=[run], help="speculative vs plain greedy decoding")

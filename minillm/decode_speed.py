@@ -5,8 +5,8 @@ Hugging Face `generate` on the same weights, measured interleaved in one process
 
 Variants: `naive` (lab 00's loop, the whole prefix every step), `cached_loop` (lab 02's loop:
 `Transformer.forward` with a `KVCache`), `cached` (the same cache with the packed decode step of
-`minillm.fast_decode`, reported as `cached_tok_s`), `fused` (batch 1: the step compiled into
-one C++ function, `minillm.compiled_decode` -- minillm's fastest path), optionally
+`minillm.decode.packed`, reported as `cached_tok_s`), `fused` (batch 1: the step compiled into
+one C++ function, `minillm.decode.compiled` -- minillm's fastest path), optionally
 `compiled` (the cached loop under torch.compile) and `hf`.
 
 On the bandwidth scale (`minillm.bandwidth`), for the decode steps alone (`cached` and `fused`
@@ -33,8 +33,7 @@ import tempfile
 import torch
 
 from .bandwidth import bandwidth_report, reader, step_bytes
-from .compiled_decode import CompiledDecoder
-from .fast_decode import PackedDecoder, generate_packed
+from .decode import CompiledDecoder, PackedDecoder, generate_packed
 from .generate import generate_cached, generate_naive
 from .kvcache import KVCache
 from .sampling import SamplingParams

@@ -12,7 +12,7 @@ same process, the decode steps timed interleaved (medians over `repeats` rounds 
 
 Each runs minillm's fastest batch-1 step, `CompiledDecoder` (one compiled function per format):
 fp32, bf16 and int8 through products Inductor generates (for fp32 from `torch.mv`), int4
-through torch's int4 CPU kernel (`minillm.compiled_decode.gemv` says why). The embedding, the norms and
+through torch's int4 CPU kernel (`minillm.decode.compiled.gemv` says why). The embedding, the norms and
 lm_head of the quantized models stay bf16, as quantize_model leaves them.
 
 Reported: `<fmt>_tok_s` (decode steps from a prefilled cache, as `bench decode`'s
@@ -31,9 +31,8 @@ import copy
 import torch
 
 from .bandwidth import decode_limit, reader, step_bytes
-from .compiled_decode import CompiledDecoder
+from .decode import CompiledDecoder, PackedDecoder, generate_packed
 from .decode_speed import decode_steps
-from .fast_decode import PackedDecoder, generate_packed
 from .quant import model_bytes, quantize_model
 from .timing import cpu_time_interleaved, median, time_interleaved
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .fast_decode import PackedDecoder
+from .decode import PackedDecoder
 from .generate import as_prompt_batch, check_fits, check_vocab
 from .kvcache import KVCache
 from .sampling import SamplingParams, probabilities
@@ -99,7 +99,7 @@ class ModelDrafter:
     """Proposes k tokens by running a small model autoregressively (with its own KV cache).
 
     The draft's cost per token is what the speed-up hinges on (c in the formula), so its steps
-    use the packed decode step (minillm.fast_decode) when the model allows it. Its cache holds a
+    use the packed decode step (minillm.decode.packed) when the model allows it. Its cache holds a
     prefix of the context; `propose` first feeds every context token it does not hold yet, in one
     pass (usually 1 token; 2 after a step whose drafts were all accepted: the last draft token and
     the bonus), then drafts.
@@ -120,7 +120,7 @@ class ModelDrafter:
             except ValueError:          # attention variants: fall back to the plain forward
                 self._step = None
         elif engine == "compiled-int8":
-            from .compiled_decode import CompiledDecoder
+            from .decode import CompiledDecoder
             from .quant import quantize_model
             # int8 weights (one scale per row, the LM head too): a quarter of the fp32 bytes the
             # draft reads per step, in one compiled function instead of ~20 ops per layer
@@ -422,7 +422,7 @@ def bench_speculative(target, draft, prompt: list[int], ks=(1, 2, 3, 4, 6), new_
     overlaps. With several threads their CPU seconds add up: keep the wall clock there.
     """
     from .bandwidth import bandwidth_report, reader, step_bytes
-    from .fast_decode import generate_packed
+    from .decode import generate_packed
     from .timing import cpu_time_interleaved, median, perf_counter, process_time, time_interleaved
     n_lookup = new_tokens if lookup_new_tokens is None else lookup_new_tokens
     if new_tokens < 1 or n_lookup < 1 or repeats < 1 or not ks or min(ks) < 1 or lookup_k < 1 \
@@ -550,7 +550,7 @@ def bench_prompt_lookup(target, prompt: list[int], k: int = 6, new_tokens: int =
     student's). Both sides step with one packed decoder of the target (`default_scorer`); v is
     a scoring pass over a plain step, both timed inside the runs; `cpu_time` as in
     `bench_speculative`."""
-    from .fast_decode import generate_packed
+    from .decode import generate_packed
     from .timing import cpu_time_interleaved, median, perf_counter, process_time, time_interleaved
     if k < 1 or new_tokens < 1 or repeats < 1:
         raise ValueError(f"need k, new_tokens and repeats >= 1, got {k}, {new_tokens}, {repeats}")

@@ -1,4 +1,4 @@
-"""GraphDecoder (minillm.graph_decode): the fixed-buffer step that a CUDA graph records. On the
+"""GraphDecoder (minillm.decode.graph): the fixed-buffer step that a CUDA graph records. On the
 CPU it runs eagerly, which is where its tokens are checked against the naive loop; the graph
 itself, and its speed, are measured by benchmarks/gpu_decode.py on a GPU."""
 import pytest
@@ -6,8 +6,8 @@ import torch
 from test_bandwidth import tiny  # the same small random model as the CPU's compiled step's tests
 
 import minillm
+from minillm.decode import GraphDecoder
 from minillm.generate import generate_naive
-from minillm.graph_decode import GraphDecoder
 from minillm.quant import quantize_model
 from minillm.quant_speed import first_divergence
 from minillm.sampling import SamplingParams

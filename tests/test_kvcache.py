@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from minillm.config import ModelConfig
-from minillm.fast_decode import PackedDecoder, generate_packed
+from minillm.decode import PackedDecoder, generate_packed
 from minillm.generate import generate_cached, generate_naive
 from minillm.kvcache import KVCache, KVSpec, kv_bytes_per_token, layer_specs
 from minillm.model import Transformer

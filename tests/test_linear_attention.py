@@ -185,7 +185,7 @@ def test_hybrid_and_bidirectional_configs_round_trip(tmp_path):
 
 
 def test_softmax_only_fast_paths_refuse_lab09_models():
-    from minillm.fast_decode import PackedDecoder
+    from minillm.decode import PackedDecoder
     from minillm.serving.engine import LLMEngine
     from minillm.serving.static_batching import StaticBatchServer
     dlm = Transformer(ModelConfig(vocab_size=51, dim=32, n_layers=1, n_heads=2, hidden_dim=48,

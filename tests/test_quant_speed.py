@@ -1,11 +1,13 @@
-"""Quantized decode: the compiled step over int8 / int4 weights (minillm.compiled_decode), what
+"""Quantized decode: the compiled step over int8 / int4 weights (minillm.decode.compiled), what
 it reads (minillm.bandwidth.step_bytes) and `bench quant` (minillm.quant_speed, the CLI)."""
 import pytest
 import torch
 
 from kernels import cpu_weight_only
 from minillm.bandwidth import step_bytes
-from minillm.compiled_decode import (
+from minillm.config import ModelConfig
+from minillm.decode import PackedDecoder, generate_packed
+from minillm.decode.compiled import (
     INDUCTOR_OPTIONS,
     CompiledDecoder,
     Int8Rows,
@@ -13,8 +15,6 @@ from minillm.compiled_decode import (
     inductor_vectorizes_int8,
     step_matrix,
 )
-from minillm.config import ModelConfig
-from minillm.fast_decode import PackedDecoder, generate_packed
 from minillm.kvcache import KVCache
 from minillm.model import Transformer
 from minillm.quant import QuantLinear, quantize_model

@@ -7,7 +7,7 @@ import torch
 import minillm
 import minillm.speculative as spec
 from minillm.config import ModelConfig
-from minillm.fast_decode import PackedDecoder, onednn_available
+from minillm.decode import PackedDecoder, onednn_available
 from minillm.generate import generate_cached
 from minillm.kvcache import KVCache
 from minillm.model import Transformer
@@ -352,7 +352,7 @@ def test_sample_packed_is_the_plain_sampler(shipped):
     prompt = tok.encode("ROMEO.\n")
     plain = PackedDecoder(target)
     greedy_like = SamplingParams(temperature=0.8, top_k=1, max_new_tokens=12, seed=3)
-    from minillm.fast_decode import generate_packed
+    from minillm.decode import generate_packed
     assert spec.sample_packed(target, prompt, plain, greedy_like) == \
         generate_packed(target, torch.tensor([prompt]), 12, plain)[0]
     params = SamplingParams(temperature=0.8, max_new_tokens=12, seed=3)

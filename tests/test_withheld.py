@@ -226,7 +226,7 @@ def test_lab02_counts_bytes_per_token_with_the_students_function(tmp_path):
     out = run_with(course, """
 import minillm
 from minillm.bandwidth import step_bytes
-from minillm.fast_decode import PackedDecoder
+from minillm.decode import PackedDecoder
 from minillm.kvcache import KVSpec, kv_bytes_per_token
 packed = PackedDecoder(minillm.load("target"))
 for call in (lambda: kv_bytes_per_token([KVSpec(1, 2, 2)]), lambda: step_bytes(packed, 4)):

@@ -1,14 +1,14 @@
 """A batch-1 decode step that torch.compile turns into one C++ function: decode near the bandwidth.
 
 At batch 1 a decode step should take bytes read / bandwidth (`minillm.bandwidth`). Run op by op,
-it takes longer, for two reasons the packed step (`minillm.fast_decode`) cannot remove:
+it takes longer, for two reasons the packed step (`minillm.decode.packed`) cannot remove:
 
 * overhead: ~100 small ops per step (norms, RoPE, attention, SiLU, residual adds), each a few
   microseconds of dispatch and Python, and each reading and writing its tensors again;
 * the matrix-vector product itself: the CPU BLAS streams fp32 weights at the bandwidth, but its
   bf16 product (oneDNN) reaches about half of it at one row.
 
-`CompiledDecoder` writes the step as plain tensor code over [out, in] weights and hands it to
+`CompiledDecoder` runs the shared step (`Step`, step.py) over [out, in] weights and hands it to
 `torch.compile` (Inductor), which fuses every elementwise op into its neighbours and generates the
 bf16 matrix-vector product as a loop that loads each weight once, widens it to fp32 in registers
 and multiply-accumulates (the fused upcast a Triton GEMV does on a GPU, lab 04). fp32 weights keep
@@ -50,12 +50,12 @@ import types
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from kernels import cpu_weight_only
 
-from .fast_decode import PackedDecoder
-from .quant import QuantLinear
+from ..quant import QuantLinear
+from .packed import PackedDecoder
+from .step import Step
 
 INDUCTOR_OPTIONS = {"realize_opcount_threshold": 1, "size_asserts": False,
                     "alignment_asserts": False, "scalar_asserts": False}
@@ -130,12 +130,7 @@ def gemv(x: torch.Tensor, w) -> torch.Tensor:
     return (w.float() * x).sum(-1)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of an fp32 activation with a weight of any dtype (torch's own, widened)."""
-    return F.rms_norm(x, x.shape, weight.float(), eps)
-
-
-class CompiledDecoder:
+class CompiledDecoder(Step):
     """`step(ids [1], cache) -> logits [1, V]`, the interface of `PackedDecoder.step` at batch 1,
     compiled on the first call. A snapshot of the weights: build a new one after changing them.
     `options`: Inductor's options instead of INDUCTOR_OPTIONS (benchmarks/step_wrapper.py)."""
@@ -148,7 +143,7 @@ class CompiledDecoder:
         self.layers = [{k: step_matrix(v) if k in MATRICES else v for k, v in w.items()}
                        for w in p.layers]
         self.lm_head = step_matrix(p.lm_head)
-        self.embed, self.norm, self.config = p.embed, p.norm, p.config
+        self.embed, self.norm, self.norm_eps, self.config = p.embed, p.norm, p.norm_eps, p.config
         self.cos, self.sin_signed = p.cos.float(), p.sin_signed.float()
         # Dynamo keeps its graphs on the function's code object and stops compiling a code
         # object after `recompile_limit` (8) graphs; each decoder needs two (static, then dynamic
@@ -158,25 +153,25 @@ class CompiledDecoder:
         self._compiled = torch.compile(own, options=INDUCTOR_OPTIONS if options is None
                                        else options)
 
+    def mm(self, a, w, b):
+        """a [1, in] times w -> [1, out] (fp32; no bias, see __init__)."""
+        return gemv(a.view(-1), w).view(1, -1)
+
     def _forward(self, ids, pos, cos, sin, ks, vs):
-        """The whole step on plain tensors: ids [1], pos the position (symbolic once compiled)."""
+        """The whole step on plain tensors: ids [1], pos the position (symbolic once compiled),
+        cos and sin [H] that position's rotary tables, ks/vs the cache's [1, K, S, H] tensors."""
         c = self.config
         N, K, H = c.n_heads, c.n_kv_heads, c.head_dim
-        p = self.packed
-        x = p.embed[ids].float().view(-1)                                     # [D]
-        for i, w in enumerate(self.layers):
-            qkv = gemv(rms_norm(x, w["ln1"], w["eps1"]), w["qkv"]).view(N + 2 * K, H)
-            qk = qkv[:N + K] * cos + qkv[:N + K].roll(H // 2, -1) * sin     # RoPE on q and k
-            ks[i][0].narrow(1, pos, 1).copy_(qk[N:, None])                   # cache [K, S, H]
-            vs[i][0].narrow(1, pos, 1).copy_(qkv[N + K:, None])
+
+        def attend(i, q, k, v):                   # q [1, N, H], k and v [1, K, H]
+            ks[i][0].narrow(1, pos, 1).copy_(k.transpose(0, 1))              # cache [K, S, H]
+            vs[i][0].narrow(1, pos, 1).copy_(v.transpose(0, 1))
             keys, values = ks[i][0, :, :pos + 1].float(), vs[i][0, :, :pos + 1].float()
-            q = qk[:N].view(K, N // K, H)                                    # GQA: K groups
+            q = q.reshape(K, N // K, H)                                      # GQA: K groups
             scores = q @ keys.transpose(1, 2) * H ** -0.5                   # [K, N/K, p+1]
-            att = (torch.softmax(scores, -1) @ values).reshape(N * H)
-            x = x + gemv(att, w["o"])
-            gate, up = gemv(rms_norm(x, w["ln2"], w["eps2"]), w["gu"]).chunk(2)
-            x = x + gemv(F.silu(gate) * up, w["down"])
-        return gemv(rms_norm(x, p.norm, p.norm_eps), self.lm_head)[None]
+            return (torch.softmax(scores, -1) @ values).reshape(1, N * H)
+
+        return self.run(self.embed[ids].float(), cos, sin, attend)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, cache) -> torch.Tensor:

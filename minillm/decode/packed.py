@@ -21,7 +21,8 @@ model's arithmetic and changes only the bookkeeping:
 Fewer ops matter as much as fewer bytes here: a decode step of the shipped 1.3M-parameter draft
 model is mostly per-op overhead (a few microseconds each), not arithmetic.
 
-Keys and values still go through the same `KVCache` (`cache.update` / `cache.advance`), so the
+The layer itself is `Step.layer` (step.py), shared with the compiled and graph decoders. Keys
+and values still go through the same `KVCache` (`cache.update` / `cache.advance`), so the
 packed decoder and `Transformer.forward` can share one cache: prefill with the model, decode with
 the packed step. It is a *snapshot* of the weights: build a new one after changing the model.
 Only plain (full-attention, MHA/GQA/MQA) layers are supported; anything else is refused.
@@ -33,8 +34,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .model import Attention, causal_mask, require_softmax_decoder, rope_cos_sin, sdpa
-from .quant import QuantLinear
+from ..model import Attention, causal_mask, require_softmax_decoder, sdpa
+from ..quant import QuantLinear
+from .step import Step, rope_tables
 
 LAYOUTS = ("in_out", "out_in", "onednn")
 ONEDNN_ROWS = 5       # the batch of rows oneDNN's weight packing is tuned for (k + 1 drafts)
@@ -62,7 +64,7 @@ def onednn_available() -> bool:
     return _ONEDNN_OK
 
 
-class PackedDecoder:
+class PackedDecoder(Step):
     def __init__(self, model, layout: str = "in_out"):
         require_softmax_decoder(model, "PackedDecoder")
         if layout not in LAYOUTS:
@@ -95,12 +97,7 @@ class PackedDecoder:
             self.embed = model.embed_tokens.weight.detach()
             self.norm, self.norm_eps = model.norm.weight.detach(), model.norm.eps
             self.lm_head, _ = self._pack([model.lm_head])
-            pos = torch.arange(c.max_seq_len, device=self.embed.device)
-            self.cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, self.embed.dtype)
-            # apply_rope: x cos + cat(-x2, x1) sin  ==  x cos + roll(x, H/2) * (sin with its
-            # first half negated): the same products, one op fewer
-            half = c.head_dim // 2
-            self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+            self.cos, self.sin_signed = rope_tables(c, self.embed.device, self.embed.dtype)
 
     def _pack(self, linears) -> tuple:
         """(matrix, bias) of projections that read the same input, as one product: nn.Linear
@@ -124,7 +121,7 @@ class PackedDecoder:
             return _onednn_pack(w.contiguous(), ONEDNN_ROWS)
         return (w.t() if self.layout == "in_out" else w).contiguous()
 
-    def _mm(self, x, w, b):
+    def mm(self, x, w, b):
         if isinstance(w, QuantLinear):
             return w(x)
         if self.layout == "out_in":
@@ -133,23 +130,18 @@ class PackedDecoder:
             return _onednn_linear(x, w, b, "none", [], "")
         return x @ w if b is None else torch.addmm(b, x, w)
 
-    def _mm_add(self, x, a, w, b):
+    def mm_add(self, x, a, w, b):
         """x + a @ W (+ b): the residual add fused into the matmul where the layout allows."""
         if self.layout == "in_out" and b is None:
             return torch.addmm(x, a, w)
-        return x + self._mm(a, w, b)
-
-    def _rms(self, x, w, eps):
-        if x.dtype == torch.float32:         # the same arithmetic as RMSNorm, one fused op
-            return F.rms_norm(x, (x.shape[-1],), w, eps)
-        return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+        return x + self.mm(a, w, b)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, cache) -> torch.Tensor:
         """One decode step. ids [B] (the newest token of each row) -> logits [B, V]; or a few
         tokens at once, ids [B, T] -> logits [B, T, V] (e.g. verifying speculative drafts)."""
         c = self.config
-        N, K, H = c.n_heads, c.n_kv_heads, c.head_dim
+        N, H = c.n_heads, c.head_dim
         single = ids.dim() == 1
         ids = ids[:, None] if single else ids
         B, T = ids.shape
@@ -158,24 +150,21 @@ class PackedDecoder:
             raise ValueError(f"positions {p}..{p + T - 1} run past the model's context of "
                              f"{c.max_seq_len}")
         positions = cache.positions[p:p + T]
-        cos, sin = self.cos[p:p + T], self.sin_signed[p:p + T]
+        cos, sin = self.cos[p:p + T, None], self.sin_signed[p:p + T, None]     # [T, 1, H]
+        if B > 1:                                                     # one table row per token
+            cos, sin = cos.repeat(B, 1, 1), sin.repeat(B, 1, 1)
         mask = None
         if T > 1:          # new tokens see the cache and each other causally
             mask = causal_mask(positions, cache.positions[:p + T])
-        x = self.embed[ids].reshape(B * T, -1)                        # [B*T, D]
-        for i, w in enumerate(self.layers):
-            h = self._rms(x, w["ln1"], w["eps1"])
-            qkv = self._mm(h, w["qkv"], w["qkv_b"]).view(B, T, N + 2 * K, H).transpose(1, 2)
-            qk = qkv[:, :N + K]                                      # [B, N + K, T, H]
-            qk = torch.addcmul(qk * cos, qk.roll(H // 2, -1), sin)   # one rotation for q, k
-            k_all, v_all, _ = cache.update(i, qk[:, N:], qkv[:, N + K:], positions)
-            att = sdpa(qk[:, :N], k_all, v_all, attn_mask=mask)       # [B, N, T, H]
-            x = self._mm_add(x, att.transpose(1, 2).reshape(B * T, N * H), w["o"], w["o_b"])
-            h = self._rms(x, w["ln2"], w["eps2"])
-            gate, up = self._mm(h, w["gu"], w["gu_b"]).chunk(2, dim=-1)
-            x = self._mm_add(x, F.silu(gate).mul_(up), w["down"], w["down_b"])
+
+        def attend(i, q, k, v):                       # [B*T, heads, H] -> [B, heads, T, H]
+            q, k, v = (t.view(B, T, -1, H).transpose(1, 2) for t in (q, k, v))
+            k_all, v_all, _ = cache.update(i, k, v, positions)
+            att = sdpa(q, k_all, v_all, attn_mask=mask)                  # [B, N, T, H]
+            return att.transpose(1, 2).reshape(B * T, N * H)
+
+        logits = self.run(self.embed[ids].reshape(B * T, -1), cos, sin, attend)
         cache.advance(positions)
-        logits = self._mm(self._rms(x, self.norm, self.norm_eps), self.lm_head, None)
         return logits.view(B, -1) if single else logits.view(B, T, -1)
 
 
@@ -183,7 +172,7 @@ class PackedDecoder:
 def generate_packed(model, prompt: torch.Tensor, max_new_tokens: int,
                     decoder: PackedDecoder | None = None) -> list[list[int]]:
     """Greedy decode: prefill with the model, then packed decode steps (same KVCache)."""
-    from .kvcache import KVCache
+    from ..kvcache import KVCache
     decoder = decoder or PackedDecoder(model)
     cache = KVCache.for_model(model, prompt.shape[0], prompt.shape[1] + max_new_tokens)
     nxt = model(prompt, cache=cache, last_only=True)[:, -1].argmax(-1)

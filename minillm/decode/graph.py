@@ -21,8 +21,8 @@ For a graph every tensor must keep its address and shape from one step to the ne
   `ids` and to the output buffer `tokens`, and adding 1 to `pos`. So one replay = one token, and
   a loop of replays never waits for the CPU: Python only says "again".
 
-The weights are `PackedDecoder`'s (layout "out_in": q/k/v and gate/up merged, so 4 products per
-layer), float (cuBLAS) or `QuantLinear` (the Triton fused dequant-matmul kernels, lab 04). The
+The step is the shared one (`Step`, step.py) over `PackedDecoder`'s weights (layout "out_in":
+q/k/v and gate/up merged, so 4 products per layer), float (cuBLAS) or `QuantLinear` (the Triton fused dequant-matmul kernels, lab 04). The
 same code runs eagerly (`graph=False`; on a CPU always), which is how the tests check it against
 the naive loop and how `benchmarks/gpu_decode.py` measures what the graph removes. With
 `compile=True` the step goes through `torch.compile` first, which fuses the norms, RoPE, SiLU and
@@ -46,12 +46,13 @@ import torch.nn.functional as F
 
 from kernels.gemv import gemv_float
 
-from .compiled_decode import gemv
-from .fast_decode import PackedDecoder
-from .generate import as_prompt_batch, check_vocab
+from ..generate import as_prompt_batch, check_vocab
+from .compiled import gemv
+from .packed import PackedDecoder
+from .step import Step
 
 
-class GraphDecoder:
+class GraphDecoder(Step):
     """Greedy batch-1 decode with fixed buffers: `generate(prompt, n)` -> n new token ids.
     graph=None: a CUDA graph where the model is on a GPU, eager steps elsewhere."""
 
@@ -60,7 +61,8 @@ class GraphDecoder:
                  triton_gemv: bool = False):
         self.packed = p = PackedDecoder(model, layout="out_in")
         self.config = c = p.config
-        self.layers, self.embed, self.norm, self.lm_head = p.layers, p.embed, p.norm, p.lm_head
+        self.layers, self.embed, self.lm_head = p.layers, p.embed, p.lm_head
+        self.norm, self.norm_eps = p.norm, p.norm_eps
         dev, dt = p.embed.device, p.embed.dtype
         self.max_len = max_len or c.max_seq_len
         if not 0 < self.max_len <= c.max_seq_len:
@@ -90,9 +92,9 @@ class GraphDecoder:
         if compile:       # Inductor fuses the small ops between the products: fewer kernels
             self._advance = torch.compile(self._advance)
 
-    def _mm(self, x, w, b):
+    def mm(self, x, w, b):
         """x [1, in] @ w.T (+ b). With generated_matvec a float w goes through the CPU compiled
-        step's product (`minillm.compiled_decode.gemv`), which Inductor writes as a kernel of its
+        step's product (`minillm.decode.compiled.gemv`), which Inductor writes as a kernel of its
         own (each weight read once, fp32 accumulation) instead of a cuBLAS call; with
         triton_gemv through the Triton GEMV of kernels/gemv.py (`gemv_float`)."""
         if self.generated_matvec and isinstance(w, torch.Tensor):
@@ -101,29 +103,25 @@ class GraphDecoder:
         if self.triton_gemv and isinstance(w, torch.Tensor):
             y = gemv_float(x, w)
             return y if b is None else y + b
-        return self.packed._mm(x, w, b)
+        return self.packed.mm(x, w, b)
 
     def _logits(self) -> torch.Tensor:
         """One step for the token in `ids` at position `pos` -> logits [1, V]; writes its keys
         and values into the cache. Only fixed-shape tensor ops: capturable in a CUDA graph."""
         c, p, pos = self.config, self.packed, self.pos
         N, K, H = c.n_heads, c.n_kv_heads, c.head_dim
-        x = self.embed[self.ids]                                             # [1, D]
         cos, sin = p.cos.index_select(0, pos), p.sin_signed.index_select(0, pos)   # [1, H]
         visible = (self.slots <= pos).view(1, -1)                            # [1, max_len]
-        for i, w in enumerate(self.layers):
-            qkv = self._mm(p._rms(x, w["ln1"], w["eps1"]), w["qkv"], w["qkv_b"]).view(N + 2 * K, H)
-            qk = qkv[:N + K] * cos + qkv[:N + K].roll(H // 2, -1) * sin      # RoPE on q and k
-            self.k[i].index_copy_(1, pos, qk[N:, None])                      # [K, max_len, H]
-            self.v[i].index_copy_(1, pos, qkv[N + K:, None])
+
+        def attend(i, q, k, v):                   # q [1, N, H], k and v [1, K, H]
+            self.k[i].index_copy_(1, pos, k.transpose(0, 1))                # [K, max_len, H]
+            self.v[i].index_copy_(1, pos, v.transpose(0, 1))
             # GQA without copies: the N/K query heads of a group are the group's "queries"
-            q = qk[:N].view(1, K, N // K, H)
-            att = F.scaled_dot_product_attention(q, self.k[i][None], self.v[i][None],
-                                                 attn_mask=visible)
-            x = x + self._mm(att.reshape(1, N * H), w["o"], w["o_b"])
-            gate, up = self._mm(p._rms(x, w["ln2"], w["eps2"]), w["gu"], w["gu_b"]).chunk(2, -1)
-            x = x + self._mm(F.silu(gate) * up, w["down"], w["down_b"])
-        return self._mm(p._rms(x, self.norm, p.norm_eps), self.lm_head, None)
+            att = F.scaled_dot_product_attention(q.reshape(1, K, N // K, H), self.k[i][None],
+                                                 self.v[i][None], attn_mask=visible)
+            return att.reshape(1, N * H)
+
+        return self.run(self.embed[self.ids], cos, sin, attend)                 # [1, V]
 
     def _advance(self) -> None:
         """A step, then greedy choice and bookkeeping on the device: the next token goes to
