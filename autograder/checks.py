@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minillm.timing import WorkCounter
+from minillm.bench.timing import WorkCounter
 
 __all__ = ["assert_close", "within_tolerance", "WorkCounter"]
 

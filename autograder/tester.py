@@ -304,7 +304,7 @@ class TesterProcess:
 def _time_the_kernel_too(tester: Tester) -> None:
     """time_ratio's CPU clock: the tester's plus the kernel's sandbox's (sandbox_cpu.py)."""
     from autograder import timing as checks_timing
-    from minillm import timing
+    from minillm.bench import timing
     timed = timing._build(cpu_clock(lambda: tester.meter), timing._stat_median)[0]
 
     def cpu_time_interleaved(fns, warmup: int = 2, repeats: int = 7, sync=None):

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from minillm import timing as _timing
+from minillm.bench import timing as _timing
 
 __all__ = ["RatioResult", "time_ratio", "check_ratio", "cuda_sync"]
 

@@ -113,7 +113,7 @@ def cmd_napkin(a) -> int:
 def cmd_bench_decode(a) -> int:
     import minillm
 
-    from .decode_speed import DTYPES, bench_decode
+    from .bench.decode import DTYPES, bench_decode
     dtypes = a.dtype.split(",")
     bad = [d for d in dtypes if d not in DTYPES]
     if bad:
@@ -142,8 +142,8 @@ def _tokens_match(t: dict) -> str:
 
 
 def cmd_bench_quant(a) -> int:
+    from .bench.quant import bench_quant
     from .data import load_text
-    from .quant_speed import bench_quant
     model, tok = _load(a.model)
     prompt = tok.encode(load_text("val")[:20 * a.prompt_len])[:a.prompt_len]
     if len(prompt) < a.prompt_len:
@@ -167,7 +167,7 @@ def cmd_bench_quant(a) -> int:
 def cmd_bench_speculative(a) -> int:
     import minillm
 
-    from .speculative import bench_speculative, repetitive_prompt
+    from .bench.speculative import bench_speculative, repetitive_prompt
     target, draft = minillm.load(a.model), minillm.load(a.draft)
     tok = minillm.load_tokenizer(a.model)
     prompt = tok.encode(a.prompt)
@@ -198,7 +198,7 @@ def cmd_bench_speculative(a) -> int:
 def cmd_bench_batching(a) -> int:
     import minillm
 
-    from .serving.replay import bench_batching
+    from .bench.batching import bench_batching
     model = minillm.load(a.model)
     r = {"model": a.model,
          **bench_batching(model, num_requests=a.requests, rate=a.rate, seed=a.seed,
@@ -276,7 +276,7 @@ def _median_summary(runs: list[dict]) -> dict:
 
 
 def cmd_bench_serve(a) -> int:
-    from .serving.load_gen import Workload, load_test
+    from .bench.load_gen import Workload, load_test
     rates = _parse_rates(a.rates)
     for name in ("requests", "prompt_len", "max_tokens", "max_num_seqs", "long_prompt_len",
                  "long_every", "chunk", "rounds"):
@@ -523,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     bb.set_defaults(func=cmd_bench_batching)     # without --threads: both servers on 1 thread
 
     bv = bsub.add_parser("serve", parents=[run], help="request-rate sweep and chunked vs whole "
-                         "prefill over real HTTP (open-loop Poisson load, minillm/serving/"
+                         "prefill over real HTTP (open-loop Poisson load, minillm/bench/"
                          "load_gen.py)")
     bv.add_argument("--url", default=None, help="a running server (minillm serve) to sweep; "
                     "without it the bench starts its own on loopback and also compares chunked "

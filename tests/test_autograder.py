@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import autograder
+import minillm.bench.timing
 import minillm.sampling
-import minillm.timing
 from autograder import (
     RatioResult,
     WorkCounter,
@@ -125,7 +125,7 @@ def test_time_ratio_calls_sync_after_each_run():
 
 def test_time_interleaved_keeps_dict_order():
     calls = []
-    times = minillm.timing.time_interleaved({k: (lambda k=k: calls.append(k)) for k in "xyz"},
+    times = minillm.bench.timing.time_interleaved({k: (lambda k=k: calls.append(k)) for k in "xyz"},
                                             warmup=1, repeats=3)
     assert calls == list("xyz") * 4
     assert set(times) == set("xyz") and all(len(v) == 3 for v in times.values())
@@ -195,5 +195,5 @@ def test_check_ratio_passes_and_fails_with_the_figures():
 def test_public_api():
     for name in ("assert_close", "WorkCounter", "time_ratio", "check_ratio", "RatioResult"):
         assert name in autograder.__all__ and hasattr(autograder, name)
-    assert minillm.timing.median([3, 1, 2]) == 2
-    assert minillm.timing.ratio([2, 2, 2], [1, 1, 1]) == 2
+    assert minillm.bench.timing.median([3, 1, 2]) == 2
+    assert minillm.bench.timing.ratio([2, 2, 2], [1, 1, 1]) == 2

@@ -1,13 +1,19 @@
 """Decode on the bandwidth scale: bytes counted from the model, the read measurement, the
-compiled batch-1 step (minillm.bandwidth, minillm.decode.compiled, bench decode's fields)."""
+compiled batch-1 step (minillm.bench.bandwidth, minillm.decode.compiled, bench decode's fields)."""
 import pytest
 import torch
 
-from minillm.bandwidth import bandwidth_report, decode_limit, read_bandwidth, reader, step_bytes
+from minillm.bench.bandwidth import (
+    bandwidth_report,
+    decode_limit,
+    read_bandwidth,
+    reader,
+    step_bytes,
+)
+from minillm.bench.decode import bench_decode
 from minillm.config import ModelConfig
 from minillm.decode import PackedDecoder, generate_packed
 from minillm.decode.compiled import CompiledDecoder
-from minillm.decode_speed import bench_decode
 from minillm.generate import generate_naive
 from minillm.kvcache import KVCache
 from minillm.model import Transformer

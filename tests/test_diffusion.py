@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from minillm import diffusion, recall
+from minillm.bench.timing import WorkCounter
 from minillm.config import ModelConfig
 from minillm.kvcache import KVCache
 from minillm.model import Transformer
-from minillm.timing import WorkCounter
 
 
 def small_dlm(seed=0, vocab=41):

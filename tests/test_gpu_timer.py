@@ -1,4 +1,4 @@
-"""minillm.gpu_timer.Timer: interleaved medians, and on a GPU the launch check (a call queued
+"""minillm.bench.gpu_timer.Timer: interleaved medians, and on a GPU the launch check (a call queued
 after its start event fired is reported, and the sleep before each call grows until no call is).
 
 The launch check needs CUDA: on this course's CPU machines that test is skipped with its reason
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from minillm.gpu_timer import Timer
+from minillm.bench.gpu_timer import Timer
 
 
 def test_the_cpu_timer_gives_each_function_its_median():

@@ -6,10 +6,10 @@ import torch
 from test_bandwidth import tiny  # the same small random model as the CPU's compiled step's tests
 
 import minillm
+from minillm.bench.quant import first_divergence
 from minillm.decode import GraphDecoder
 from minillm.generate import generate_naive
 from minillm.quant import quantize_model
-from minillm.quant_speed import first_divergence
 from minillm.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=20)

@@ -7,8 +7,8 @@ import torch
 
 from minillm import linear_attention as la
 from minillm import roofline
+from minillm.bench.decode_memory import decode_step_times, filled_cache
 from minillm.config import PRESETS, SHIPPED_SHAPES, ModelConfig
-from minillm.decode_memory import decode_step_times, filled_cache
 from minillm.generate import generate_cached, generate_naive
 from minillm.kvcache import KVCache
 from minillm.model import Transformer

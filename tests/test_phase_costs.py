@@ -1,11 +1,11 @@
-"""minillm.phase_costs: the non-negative fits, the predicted totals, and the timers' shapes."""
+"""minillm.bench.phase_costs: the non-negative fits, the predicted totals, and the timers' shapes."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from minillm import phase_costs as pc
+from minillm.bench import phase_costs as pc
 from minillm.config import ModelConfig
 from minillm.kvcache import KVCache
 from minillm.model import Transformer

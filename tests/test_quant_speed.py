@@ -1,10 +1,12 @@
 """Quantized decode: the compiled step over int8 / int4 weights (minillm.decode.compiled), what
-it reads (minillm.bandwidth.step_bytes) and `bench quant` (minillm.quant_speed, the CLI)."""
+it reads (minillm.bench.bandwidth.step_bytes) and `bench quant` (minillm.bench.quant, the CLI)."""
 import pytest
 import torch
 
 from kernels import cpu_weight_only
-from minillm.bandwidth import step_bytes
+from minillm.bench.bandwidth import step_bytes
+from minillm.bench.quant import FORMATS, bench_quant, first_divergence, model_formats
+from minillm.bench.timing import cpu_time_interleaved, ratio
 from minillm.config import ModelConfig
 from minillm.decode import PackedDecoder, generate_packed
 from minillm.decode.compiled import (
@@ -18,8 +20,6 @@ from minillm.decode.compiled import (
 from minillm.kvcache import KVCache
 from minillm.model import Transformer
 from minillm.quant import QuantLinear, quantize_model
-from minillm.quant_speed import FORMATS, bench_quant, first_divergence, model_formats
-from minillm.timing import cpu_time_interleaved, ratio
 
 
 def tiny():

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from minillm.bench.batching import StepClock, replay
 from minillm.config import ModelConfig
 from minillm.generate import generate_cached
 from minillm.model import Transformer
@@ -16,7 +17,6 @@ from minillm.serving.attention_backend import PagedKVCache
 from minillm.serving.engine import LLMEngine
 from minillm.serving.metrics import percentile, request_latencies, summarize, timeline
 from minillm.serving.model_runner import flatten_batch, last_rows
-from minillm.serving.replay import StepClock, replay
 from minillm.serving.static_batching import StaticBatchServer
 from minillm.serving.trace import lognormal_lengths, make_trace, poisson_arrivals, trace_summary
 
@@ -351,7 +351,7 @@ def test_step_records_count_the_tokens_each_step_ran(model):
 def test_the_bench_trace_is_served_whole_under_a_tight_kv_budget(ctx_model, one_thread):
     """`minillm bench batching`'s default trace (128 requests), 32 seats but KV room for about
     a third of them: the scheduler must preempt, and still lose nothing and leak nothing."""
-    from minillm.serving.replay import TRACE
+    from minillm.bench.batching import TRACE
     trace = make_trace(128, 200.0, 0, vocab_size=V, **TRACE)
     clock = StepClock()            # deterministic: overlap set by the trace, not the machine
     eng = LLMEngine(ctx_model, num_blocks=40, block_size=16, max_num_seqs=32, clock=clock)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import minillm
+import minillm.bench.speculative as bench_spec
 import minillm.speculative as spec
 from minillm.config import ModelConfig
 from minillm.decode import PackedDecoder, onednn_available
@@ -260,7 +261,7 @@ def test_bad_arguments(shipped):
 @pytest.mark.parametrize("cpu_time", [False, True])
 def test_bench_reports_measured_and_predicted_figures(cpu_time):
     target, draft = tiny(1, layers=2), tiny(2)
-    r = spec.bench_speculative(target, draft, [1, 2, 3], ks=(1, 2), new_tokens=8, repeats=1,
+    r = bench_spec.bench_speculative(target, draft, [1, 2, 3], ks=(1, 2), new_tokens=8, repeats=1,
                                lookup_prompt=[1, 2, 1, 2, 1, 2], lookup_k=3, lookup_new_tokens=6,
                                cpu_time=cpu_time, sample_k=2)
     assert r["exact_greedy"] is True and r["k"] in (1, 2) and r["c"] > 0
@@ -272,7 +273,7 @@ def test_bench_reports_measured_and_predicted_figures(cpu_time):
     assert r["sampled_alpha"] == r["runs"][2]["alpha"] and r["sample_temperature"] == 0.8
     assert "exact_greedy" not in r["runs"][2]          # sampled: exact in distribution only
     with pytest.raises(ValueError, match="sample_k"):
-        spec.bench_speculative(target, draft, [1, 2, 3], ks=(1,), sample_k=0)
+        bench_spec.bench_speculative(target, draft, [1, 2, 3], ks=(1,), sample_k=0)
     for row in r["runs"]:
         assert 0 <= row["alpha"] <= 1 and 1 <= row["tokens_per_step"] <= row["k"] + 1
         assert row["speedup"] > 0 and row["verify_cost"] > 0
@@ -280,8 +281,8 @@ def test_bench_reports_measured_and_predicted_figures(cpu_time):
     row = r["runs"][1]
     assert row["predicted_speedup"] == pytest.approx(
         expected_speedup(row["alpha"], 2, r["c"], row["verify_cost"]))
-    # the bandwidth scale of the plain target step (minillm.bandwidth), reused
-    from minillm.bandwidth import step_bytes
+    # the bandwidth scale of the plain target step (minillm.bench.bandwidth), reused
+    from minillm.bench.bandwidth import step_bytes
     assert r["target_bytes_per_token"] == step_bytes(PackedDecoder(target), 3 + 4)["bytes_per_step"]
     assert r["limit_tok_s"] * r["target_bytes_per_token"] == pytest.approx(r["read_gb_s"] * 1e9)
     assert r["target_step_bandwidth_fraction"] == pytest.approx(
@@ -297,8 +298,8 @@ def test_bench_without_the_formulas_and_prompt_lookup_of_ones_own():
     import statistics
     target, draft = tiny(1, layers=2), tiny(2)
     kw = dict(ks=(1, 2), new_tokens=8, repeats=1, sample_temperature=None)
-    bare = spec.bench_speculative(target, draft, [1, 2, 3], predict=False, **kw)
-    full = spec.bench_speculative(target, draft, [1, 2, 3], **kw)
+    bare = bench_spec.bench_speculative(target, draft, [1, 2, 3], predict=False, **kw)
+    full = bench_spec.bench_speculative(target, draft, [1, 2, 3], **kw)
     for row, ref in zip(bare["runs"], full["runs"]):
         assert "predicted_tokens_per_step" not in row and "predicted_speedup" not in row
         assert row["drafts_per_step"] == ref["drafts_per_step"] and row["alpha"] == ref["alpha"]
@@ -311,13 +312,13 @@ def test_bench_without_the_formulas_and_prompt_lookup_of_ones_own():
         calls.append(ngram)
         return tuple(prompt_lookup(context, k, ngram))          # any sequence of ids will do
 
-    lk = spec.bench_prompt_lookup(target, [1, 2, 1, 2, 1, 2], k=3, new_tokens=6, repeats=1,
+    lk = bench_spec.bench_prompt_lookup(target, [1, 2, 1, 2, 1, 2], k=3, new_tokens=6, repeats=1,
                                   lookup=mine, ngram=2)
     assert calls and set(calls) == {2} and "predicted_tokens_per_step" not in lk
     assert lk["drafter"] == "prompt-lookup" and lk["k"] == 3 and lk["new_tokens"] == 6
     assert lk["exact_greedy"] is True and lk["speedup"] > 0 and lk["verify_cost"] > 0
     assert lk["target_calls"] == 1 + len(lk["drafts_per_step"]) and lk["clock"] == "wall"
-    none = spec.bench_prompt_lookup(target, [1, 2, 1, 2], k=3, new_tokens=5, repeats=1,
+    none = bench_spec.bench_prompt_lookup(target, [1, 2, 1, 2], k=3, new_tokens=5, repeats=1,
                                     cpu_time=True, lookup=lambda context, k, ngram: [])
     assert none["alpha"] == 0 and none["tokens_per_step"] == 1 and none["exact_greedy"]
     assert set(none["drafts_per_step"]) == {0} and none["clock"] == "cpu"
@@ -353,11 +354,11 @@ def test_sample_packed_is_the_plain_sampler(shipped):
     plain = PackedDecoder(target)
     greedy_like = SamplingParams(temperature=0.8, top_k=1, max_new_tokens=12, seed=3)
     from minillm.decode import generate_packed
-    assert spec.sample_packed(target, prompt, plain, greedy_like) == \
+    assert bench_spec.sample_packed(target, prompt, plain, greedy_like) == \
         generate_packed(target, torch.tensor([prompt]), 12, plain)[0]
     params = SamplingParams(temperature=0.8, max_new_tokens=12, seed=3)
-    assert spec.sample_packed(target, prompt, plain, params) == \
-        spec.sample_packed(target, prompt, plain, params)          # seeded
+    assert bench_spec.sample_packed(target, prompt, plain, params) == \
+        bench_spec.sample_packed(target, prompt, plain, params)          # seeded
 
 
 @pytest.mark.slow                       # compiles an int8 step (23 s on a 2-core AVX2 CPU)

@@ -145,6 +145,7 @@ def test_lab05_runs_its_measurements_on_the_students_formulas_and_lookup(tmp_pat
     out = run_with(course, """
 import json, subprocess, sys
 import minillm, minillm.speculative as s
+from minillm.bench.speculative import bench_prompt_lookup, repetitive_prompt
 from autograder.labs import lab05
 from minillm.explorers import speculative_explorer
 for call in (lambda: s.expected_tokens_per_step(0.5, 2), lambda: s.expected_speedup(0.5, 2, 0.1),
@@ -159,8 +160,8 @@ ex = speculative_explorer(formulas={"expected_tokens_per_step": lambda a, k: 1.0
 print("explorer", ex.state["speedup"])
 tok, target = minillm.load_tokenizer("target"), minillm.load("target")
 mine = lambda context, k, ngram: context[-k:]
-lk = s.bench_prompt_lookup(target, s.repetitive_prompt(tok), k=2, new_tokens=4, repeats=1,
-                           lookup=mine)
+lk = bench_prompt_lookup(target, repetitive_prompt(tok), k=2, new_tokens=4, repeats=1,
+                         lookup=mine)
 print("lookup", lk["exact_greedy"])
 args = lab05.bench_command()
 args[args.index("compiled-int8")] = "packed"                   # no compiler here: same flags
@@ -225,7 +226,7 @@ def test_lab02_counts_bytes_per_token_with_the_students_function(tmp_path):
     course, _ = build(withheld_of(nb), lab, tmp_path / "course")
     out = run_with(course, """
 import minillm
-from minillm.bandwidth import step_bytes
+from minillm.bench.bandwidth import step_bytes
 from minillm.decode import PackedDecoder
 from minillm.kvcache import KVSpec, kv_bytes_per_token
 packed = PackedDecoder(minillm.load("target"))
@@ -250,7 +251,8 @@ def test_lab06_trace_server_and_explorer_run_on_the_students_functions(tmp_path)
     course, _ = build(withheld_of(nb), lab, tmp_path / "course")
     out = run_with(course, """
 import minillm, minillm.data
-from minillm.serving import load_gen, metrics
+from minillm.bench import load_gen
+from minillm.serving import metrics
 from minillm.serving.server import BackgroundServer
 from minillm.serving.trace import make_trace
 for call in (lambda: make_trace(4), lambda: metrics.percentile([1.0], 50),
@@ -286,7 +288,7 @@ def test_lab09_runs_the_hybrid_and_the_sampler_on_the_students_functions(tmp_pat
     out = run_with(course, """
 import torch, minillm
 from minillm import diffusion, linear_attention as la
-from minillm.decode_memory import decode_step_times
+from minillm.bench.decode_memory import decode_step_times
 hybrid, dlm = minillm.load("hybrid"), minillm.load("diffusion")
 ids = torch.tensor([[5, 6, 7, 8]])
 for call in (lambda: hybrid(ids), lambda: diffusion.sample(dlm, [5, 6], 4, 2)):
@@ -332,7 +334,7 @@ from autograder.labs import lab04_triton as tri
 from minillm import quant
 from minillm.config import ModelConfig
 from minillm.model import Transformer
-from minillm.quant_speed import bench_quant
+from minillm.bench.quant import bench_quant
 w, c = torch.randn(32, 128), torch.zeros(2, 4, dtype=torch.uint8)
 for call in (lambda: f.absmax_quantize(w), lambda: f.zeropoint_quantize(w),
              lambda: f._zeropoint(w, 4, True), lambda: f.group_quantize(w, 64, 3),

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from kernels.interpret import INTERPRET
-from minillm.gpu_timer import Timer, copy_bandwidth
+from minillm.bench.gpu_timer import Timer, copy_bandwidth
 
 try:
     import triton

@@ -1,6 +1,6 @@
 """A batch-1 decode step that torch.compile turns into one C++ function: decode near the bandwidth.
 
-At batch 1 a decode step should take bytes read / bandwidth (`minillm.bandwidth`). Run op by op,
+At batch 1 a decode step should take bytes read / bandwidth (`minillm.bench.bandwidth`). Run op by op,
 it takes longer, for two reasons the packed step (`minillm.decode.packed`) cannot remove:
 
 * overhead: ~100 small ops per step (norms, RoPE, attention, SiLU, residual adds), each a few

@@ -48,7 +48,7 @@ class ServeExplorer(widgets.VBox):
     TTFT, TPOT and throughput next to a napkin prediction, and a plot of both against the rate.
 
     Every move sends the same seeded workload (`num_requests` Poisson arrivals of
-    `prompt_len`-token prompts, `max_tokens` greedy tokens each; `minillm.serving.load_gen`) over
+    `prompt_len`-token prompts, `max_tokens` greedy tokens each; `minillm.bench.load_gen`) over
     HTTP to `server`, a running `BackgroundServer`, after setting its batch limit
     (`engine_loop.set_max_num_seqs`). Measured points accumulate on the plot. A move blocks
     until its run ends: at most its last arrival plus `timeout_s`.
@@ -91,7 +91,7 @@ class ServeExplorer(widgets.VBox):
                  num_requests: int = 12, prompt_len: int = 16, max_tokens: int = 24,
                  timeout_s: float = 20.0, seed: int = 0, min_rate: float = 2.0,
                  max_rate: float = 32.0, max_batch_slider: int = 16, percentile=None):
-        from ..serving import load_gen
+        from ..bench import load_gen
         self._load_gen = load_gen
         self._percentile = metrics.percentile if percentile is None else _shown(percentile)
         self.server = server

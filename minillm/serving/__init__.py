@@ -12,10 +12,10 @@
 Files: sequence.py, block_manager.py, scheduler.py, attention_backend.py, model_runner.py,
 engine.py (the engine); static_batching.py (the baseline), trace.py (workloads), metrics.py,
 simulate.py (schedules without a model), fragmentation.py (KV waste of contiguous vs paged
-allocation, replayed on a trace), replay.py (a trace through static and continuous
-batching: `minillm bench batching`). Over HTTP: openai_api.py (the OpenAI API's requests and
-answers), async_engine.py (the engine in its own thread), server.py (`minillm serve`),
-load_gen.py (open-loop Poisson load: `minillm bench serve`).
+allocation, replayed on a trace). Over HTTP: openai_api.py (the OpenAI API's requests and
+answers), async_engine.py (the engine in its own thread), server.py (`minillm serve`). Measured
+by minillm/bench/: batching.py (a trace through static and continuous batching: `minillm bench
+batching`) and load_gen.py (open-loop Poisson load over HTTP: `minillm bench serve`).
 """
 from .block_manager import Block, BlockManager, block_hash
 from .engine import LLMEngine, StepRecord

@@ -167,12 +167,12 @@ def generate_naive_steps(model, prompt: list[int], n: int):
 @figure
 def naive_cost() -> Figure:
     """Token positions the naive loop pushes through the model, counted on the real model
-    (minillm.timing.WorkCounter around minillm.generate.stream_naive), against the closed form
+    (minillm.bench.timing.WorkCounter around minillm.generate.stream_naive), against the closed form
     and against a loop that would recompute nothing; and the FLOPs of the naive loop."""
     import numpy as np
     import torch
 
-    from minillm.timing import WorkCounter
+    from minillm.bench.timing import WorkCounter
     model, _ = model_and_tokenizer()
     cfg = model.config
     P, N = 8, 40

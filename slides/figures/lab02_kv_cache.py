@@ -21,14 +21,14 @@ from .common import (
 @figure
 def cached_work() -> Figure:
     """Tokens through the model per step and in total, naive loop vs KV-cached loop, counted on
-    the shipped model (minillm.timing.WorkCounter around minillm.generate.stream_naive/stream_cached),
+    the shipped model (minillm.bench.timing.WorkCounter around minillm.generate.stream_naive/stream_cached),
     and the ratio of the two totals from the closed forms."""
     import numpy as np
     import torch
 
+    from minillm.bench.timing import WorkCounter
     from minillm.generate import stream_cached, stream_naive
     from minillm.sampling import SamplingParams
-    from minillm.timing import WorkCounter
     model, _ = model_and_tokenizer()
     P, N = 8, 32
     prompt = list(range(1, P + 1))

@@ -135,13 +135,13 @@ def spec_counted() -> Figure:
     """Counted (not timed) on the shipped models, greedy, 64 new tokens after SPEC_PROMPT:
     acceptance rate α (accepted / judged drafts) and tokens per target pass for k = 1..6 with
     minillm.speculative.speculative_generate, against the formula with each k's α; prompt lookup
-    on minillm.speculative.repetitive_prompt (96 tokens) for comparison."""
+    on minillm.bench.speculative.repetitive_prompt (96 tokens) for comparison."""
+    from minillm.bench.speculative import repetitive_prompt
     from minillm.sampling import SamplingParams
     from minillm.speculative import (
         ModelDrafter,
         PromptLookupDrafter,
         expected_tokens_per_step,
-        repetitive_prompt,
         speculative_generate,
     )
     target, tok = model_and_tokenizer()
@@ -215,9 +215,10 @@ def spec_lookup() -> str:
     """Prompt lookup on the shipped target's own greedy output after the repetitive prompt: the
     last 3 tokens, their latest earlier occurrence and the proposal
     (minillm.speculative.prompt_lookup)."""
+    from minillm.bench.speculative import repetitive_prompt
     from minillm.generate import generate_cached
     from minillm.sampling import SamplingParams
-    from minillm.speculative import prompt_lookup, repetitive_prompt
+    from minillm.speculative import prompt_lookup
     target, tok = model_and_tokenizer()
     prompt = repetitive_prompt(tok)
     full = prompt + generate_cached(target, prompt, SamplingParams(temperature=0,

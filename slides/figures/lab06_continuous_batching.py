@@ -144,9 +144,9 @@ def selective_batching() -> Figure:
 @figure
 def batching_counts() -> str:
     """Exact work of the two schedules (minillm.serving.simulate) for the notebook trace and
-    for `minillm bench batching`'s default trace (minillm.serving.replay.TRACE, 128 requests,
+    for `minillm bench batching`'s default trace (minillm.bench.batching.TRACE, 128 requests,
     max_batch 32), with the two napkin speed-ups they imply."""
-    from minillm.serving.replay import TRACE
+    from minillm.bench.batching import TRACE
     from minillm.serving.simulate import simulate_continuous, simulate_static, static_slots
     from minillm.serving.trace import make_trace
     rows = []

@@ -44,9 +44,9 @@ def linear_forms() -> str:
 @figure
 def state_vs_context() -> Figure:
     """Decode state per sequence (fp32, as the lab's caches hold it) of the target and the
-    hybrid against the context, from minillm.decode_memory.filled_cache."""
+    hybrid against the context, from minillm.bench.decode_memory.filled_cache."""
     import minillm
-    from minillm.decode_memory import filled_cache
+    from minillm.bench.decode_memory import filled_cache
     target, _ = model_and_tokenizer()
     hybrid = minillm.load("hybrid")
     fig, ax = new_figure(7.5, 3.8)

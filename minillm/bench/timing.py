@@ -1,6 +1,6 @@
 """Timing you can trust: warm-up, interleaving, device sync, medians and ratios.
 
-    from minillm.timing import time_interleaved, median, ratio
+    from minillm.bench.timing import time_interleaved, median, ratio
     times = time_interleaved({"naive": lambda: slow(x), "cached": lambda: fast(x)},
                              warmup=2, repeats=7)
     print(ratio(times["naive"], times["cached"]))      # how many times faster "cached" is

@@ -22,7 +22,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from .metrics import percentile
+from ..serving.metrics import percentile
 
 
 @dataclass

@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from .engine import LLMEngine
-from .metrics import summarize
-from .static_batching import StaticBatchServer
-from .trace import make_trace, trace_summary
+from ..serving.engine import LLMEngine
+from ..serving.metrics import summarize
+from ..serving.static_batching import StaticBatchServer
+from ..serving.trace import make_trace, trace_summary
 
 
 class SkipClock:

@@ -9,7 +9,7 @@ Variants: `naive` (lab 00's loop, the whole prefix every step), `cached_loop` (l
 one C++ function, `minillm.decode.compiled` -- minillm's fastest path), optionally
 `compiled` (the cached loop under torch.compile) and `hf`.
 
-On the bandwidth scale (`minillm.bandwidth`), for the decode steps alone (`cached` and `fused`
+On the bandwidth scale (`minillm.bench.bandwidth`), for the decode steps alone (`cached` and `fused`
 steps from a prefilled cache, `<variant>_step_tok_s`): `bytes_per_token` is counted from the
 packed decoder's tensors and the cache at the steps' mean context; `read` is a pass over a buffer
 of one step's bytes per step, timed interleaved with the variants, which gives `read_gb_s` and
@@ -19,9 +19,9 @@ random prompt; the report says whether their tokens agree. Hugging Face runs our
 `AutoModelForCausalLM.from_pretrained` (transformers is only a comparison here, never a dependency
 of generation). Speeds are medians over `repeats` interleaved rounds after one warm-up round (the
 naive loop skips the warm-up: one run of it is long enough to warm itself up); ratios are of those
-medians (see minillm.timing). `--repeats 1 --no-fused-step` is the quickest full comparison: the
+medians (see minillm.bench.timing). `--repeats 1 --no-fused-step` is the quickest full comparison: the
 naive loop runs once. With `cpu_time` every run is timed in CPU seconds of this process
-(`minillm.timing.cpu_time_interleaved`): on one thread (`--threads 1`) a busy neighbour then
+(`minillm.bench.timing.cpu_time_interleaved`): on one thread (`--threads 1`) a busy neighbour then
 adds nothing to any variant, where the wall clock charges it to whichever run it overlaps (a
 30-second naive run more than a 3-second cached one); with several threads the CPU seconds of
 all of them add up, so tokens/s are per CPU second, not per second.
@@ -32,11 +32,11 @@ import tempfile
 
 import torch
 
+from ..decode import CompiledDecoder, PackedDecoder, generate_packed
+from ..generate import generate_cached, generate_naive
+from ..kvcache import KVCache
+from ..sampling import SamplingParams
 from .bandwidth import bandwidth_report, reader, step_bytes
-from .decode import CompiledDecoder, PackedDecoder, generate_packed
-from .generate import generate_cached, generate_naive
-from .kvcache import KVCache
-from .sampling import SamplingParams
 from .timing import cpu_time_interleaved, median, time_interleaved
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -50,7 +50,7 @@ def load_as_hf(model):
     except ImportError as e:     # pragma: no cover - transformers is in the dev extra
         raise RuntimeError("--vs-hf needs the transformers package (pip install transformers)"
                            ) from e
-    from .weights import save_checkpoint
+    from ..weights import save_checkpoint
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     dtype = next(model.parameters()).dtype

@@ -12,13 +12,13 @@ attention layers grow. `roofline.kv_cache_bytes_per_seq` is the napkin; this mod
 `filled_cache` writes random keys, values and states rather than prefilling real text: the bytes a
 step reads and the work it does depend on the context length, not on the values, and a prefill
 of 8192 tokens would cost minutes on a laptop CPU (and run past the models' trained context,
-which does not matter for timing). Times are medians of interleaved rounds of CPU time (`minillm.timing`).
+which does not matter for timing). Times are medians of interleaved rounds of CPU time (`minillm.bench.timing`).
 """
 from __future__ import annotations
 
 import torch
 
-from .kvcache import KVCache, layer_specs
+from ..kvcache import KVCache, layer_specs
 from .timing import cpu_time_interleaved, median
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .kvcache import KVSpec, kv_bytes_per_token
+from ..kvcache import KVSpec, kv_bytes_per_token
 from .timing import median, time_interleaved
 
 
@@ -73,7 +73,7 @@ def decode_limit(bytes_per_step: float, bandwidth: float, batch: int = 1) -> flo
 
 def reader(nbytes: int, passes: int):
     """A function that reads a float32 buffer of `nbytes` bytes `passes` times: time it beside a
-    decode of `passes` steps (interleaved, `minillm.timing`) and the two share the machine's state
+    decode of `passes` steps (interleaved, `minillm.bench.timing`) and the two share the machine's state
     (load, frequency, what else holds the cache) at every round."""
     if nbytes < 4096 or passes < 1:
         raise ValueError(f"need nbytes >= 4096 and passes >= 1, got {nbytes}, {passes}")

@@ -1,7 +1,7 @@
 """Prefill and decode, measured: the cost of a forward pass against the prompt length, the context
 and the batch, fitted with the shape the physics gives it, and the totals it predicts (lab 02).
 
-    from minillm import phase_costs as pc
+    from minillm.bench import phase_costs as pc
     from minillm.kvcache import KVCache
     make_cache = lambda batch, max_len: KVCache.for_model(model, batch, max_len)
     ttft = pc.time_prefill(model, make_cache, [1, 32, 128, 256, 512])          # {P: [s, ...]}
@@ -41,7 +41,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 import torch
 
-from . import roofline
+from .. import roofline
 from .timing import cpu_time_interleaved
 
 __all__ = ["prefill_fns", "decode_fns", "time_prefill", "time_decode", "time_phases",

@@ -17,7 +17,7 @@ lm_head of the quantized models stay bf16, as quantize_model leaves them.
 
 Reported: `<fmt>_tok_s` (decode steps from a prefilled cache, as `bench decode`'s
 `<variant>_step_tok_s`), `<fmt>_vs_fp32`, `model_bytes` (what the model stores, minillm.quant's
-count) and `bytes_per_token` (what one step reads, `minillm.bandwidth.step_bytes`) per format,
+count) and `bytes_per_token` (what one step reads, `minillm.bench.bandwidth.step_bytes`) per format,
 `read_gb_s` and each format's `bandwidth_fraction` of its own limit, and `tokens_match`: each
 format's greedy tokens against fp32's with the first position where they part (bf16 rounding
 alone can flip a near tie, so a divergence is reported, not hidden) and `top1_agreement`, the
@@ -30,10 +30,10 @@ import copy
 
 import torch
 
+from ..decode import CompiledDecoder, PackedDecoder, generate_packed
+from ..quant import model_bytes, quantize_model
 from .bandwidth import decode_limit, reader, step_bytes
-from .decode import CompiledDecoder, PackedDecoder, generate_packed
-from .decode_speed import decode_steps
-from .quant import model_bytes, quantize_model
+from .decode import decode_steps
 from .timing import cpu_time_interleaved, median, time_interleaved
 
 FORMATS = ("fp32", "bf16", "int8", "int4")
