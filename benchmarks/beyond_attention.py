@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/beyond_attention.py [--threads 1] [--part decode,recall,diffusion]
 
 * decode: one batch-1 decode step of `target` and `hybrid` against the context (caches filled by
-  minillm.decode_memory.filled_cache), every pair in the same interleaved rounds, medians of 7
+  minillm.bench.decode_memory.filled_cache), every pair in the same interleaved rounds, medians of 7
   of CPU time; the bytes each cache holds;
 * recall: MQAR accuracy against N for one-layer width-64 models (attention; linear attention with
   1, 2, 4 heads), trained as the lab trains them (minillm.recall.train_recall's defaults),
@@ -15,6 +15,7 @@
   perplexity of the target and the diffusion model's bound on 4,096 tokens.
 
 The lab's cells run the same functions with the same settings; this script prints their figures.
+They feed benchmarks/RESULTS.md, "Beyond attention: a hybrid and a diffusion model".
 """
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ import torch
 
 import minillm
 from minillm import diffusion, recall
+from minillm.bench.decode_memory import decode_step_times, filled_cache
+from minillm.bench.timing import cpu_time_interleaved, median
 from minillm.data import load_tokens
-from minillm.decode_memory import decode_step_times, filled_cache
 from minillm.evaluate import continuation_perplexity
 from minillm.generate import generate_cached
 from minillm.sampling import SamplingParams
-from minillm.timing import cpu_time_interleaved, median
 from minillm.train import evaluate
 
 CONTEXTS = [256, 1024, 2048, 4096, 8192]

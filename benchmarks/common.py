@@ -1,11 +1,12 @@
-"""What both GPU benchmark scripts share: interleaved timing with the L2 cache flushed before
-each call, the bytes a call must move, the device-copy bandwidth they are compared with, and the
-correctness check that runs before anything is timed."""
+"""What the GPU benchmark scripts (dequant_matmul.py, paged_attention.py, gemv_sweep.py) share:
+interleaved timing with the L2 cache flushed before each call, the bytes a call must move, the
+device-copy bandwidth they are compared with, and the correctness check that runs before
+anything is timed."""
 from __future__ import annotations
 
 import torch
 
-from minillm.gpu_timer import Timer, copy_bandwidth  # noqa: F401 (re-exported)
+from minillm.bench.gpu_timer import Timer, copy_bandwidth  # noqa: F401 (re-exported)
 
 
 def nbytes(*tensors) -> int:

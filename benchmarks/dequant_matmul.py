@@ -16,7 +16,7 @@ At these M the matmul is memory-bound, so the figure of merit is bytes / time:
                 read + write) -- what this GPU's memory can actually deliver
   speedup       median bf16 time / median kernel time (> 1: faster than cuBLAS)
 
-How it times (the rules of minillm.timing, on the GPU): every kernel is checked against its torch
+How it times (the rules of minillm.bench.timing, on the GPU): every kernel is checked against its torch
 reference first; then warm-up rounds of the same calls (at least 0.3 s, 2 s in the first run,
 so that the SM clock is up: these kernels' time follows it); then rounds that call bf16, w8, w4
 in turn (interleaved). Before each call the L2 cache (50 MB on an H100, more than a 4096 x 4096
@@ -29,6 +29,10 @@ experiments behind these choices.)
 Goals (issue 5, batch 1): w4a16 >= 2.5x and w8a16 >= 1.6x faster than bf16. The ideal is the
 byte ratio: bf16 = 2 bytes per weight, int8 = 1 (+ 4 / K), int4 = 0.5 + 8 / G.
 Nothing is measured without a CUDA GPU: the script says so and exits 0.
+
+Its figures feed benchmarks/RESULTS.md: "Fused dequant-matmul kernels" and "What the kernels
+tried" (H100), and the batch-1 kernel tables of "Decode on the bandwidth scale on a GPU"
+(second to fifth runs).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 Batch-1 decode is a chain of matrix-vector products, so no decode step can beat the slowest GEMV
 available for its weight format. The script times, interleaved (median of `--rounds`, 20 passes
 each), one pass over the shipped target's weight matrices as `minillm.decode.compiled` holds
-them, in four formats (`minillm.quant_speed.model_formats`; fp32 and bf16 with lm_head, int8 and
+them, in four formats (`minillm.bench.quant.model_formats`; fp32 and bf16 with lm_head, int8 and
 int4 without it, since the quantized models keep it in bf16), with:
 
 * `read`: `buf.sum()` over a buffer of the same bytes (codes, scales and zeros included);
@@ -22,7 +22,9 @@ int4 without it, since the quantized models keep it in bf16), with:
   generate (per group of 64: unpack both nibbles, multiply-add, scale; subtract scale * zero *
   the group's input sum), the alternative `gemv` rejects.
 
-Prints GB/s and the fraction of `read` per method and format.
+Prints GB/s and the fraction of `read` per method and format. Its figures feed
+benchmarks/RESULTS.md, "Decode on the bandwidth scale (issue 20, CPU)" and "Quantized decode on
+the CPU (issue 19, lab 04)".
 """
 from __future__ import annotations
 
@@ -36,10 +38,10 @@ import torch
 
 import minillm
 from kernels import cpu_weight_only
-from minillm.bandwidth import nbytes
+from minillm.bench.bandwidth import nbytes
+from minillm.bench.quant import model_formats
 from minillm.decode import PackedDecoder
 from minillm.decode.compiled import INDUCTOR_OPTIONS, Int8Rows, gemv, step_matrix
-from minillm.quant_speed import model_formats
 
 G = 64
 

@@ -11,7 +11,9 @@ against cuBLAS bf16 and the M >= 1 kernels of kernels/dequant_matmul.py, in one 
 3. Float weights: the bf16 GEMV kernel's configurations (with and without prefetch) against
    cuBLAS on the matrices of the 1b and 7b decoders of benchmarks/gpu_decode.py (q/k/v merged,
    o, gate/up merged, down, LM head; --float-models).
-Timing: minillm.gpu_timer.Timer (L2 flushed before each call, interleaved, median).
+Timing: minillm.bench.gpu_timer.Timer (L2 flushed before each call, interleaved, median).
+Its figures feed benchmarks/RESULTS.md, "Decode on the bandwidth scale on a GPU" (the second,
+third and fifth runs).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ without the graph. For each: prefill a
 32-token prompt, then time `--steps` decode steps with CUDA events (the prefill untimed); rounds
 interleave the variants; the median round counts.
 
-    bytes_per_token   counted from the decoder's tensors (`minillm.bandwidth.step_bytes`: every
+    bytes_per_token   counted from the decoder's tensors (`minillm.bench.bandwidth.step_bytes`: every
                       weight matrix with its scales, norms, one embedding row, the keys and
                       values of the mean context)
     limit_tok_s       device copy bandwidth / bytes_per_token (copy: bytes read + written per
@@ -34,6 +34,9 @@ Correctness first: on the shipped model, GraphDecoder's greedy tokens (graph and
 compared with `generate_naive` on the same device and dtype (fp32 and bf16), and the quantized
 decoders' with the naive loop over the same quantized model; the first divergence is reported.
 Nothing is measured without a CUDA GPU: the script says so and exits 0.
+
+Its figures feed benchmarks/RESULTS.md, "Decode on the bandwidth scale on a GPU" (the first,
+second, third and fifth runs).
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minillm.gpu_timer import copy_bandwidth  # noqa: E402
+from minillm.bench.gpu_timer import copy_bandwidth  # noqa: E402
 
 SHAPES = {
     "1b": dict(vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4,
@@ -86,9 +89,9 @@ def quantized(model, scheme: str | None):
 def check_tokens(n: int = 48) -> list[dict]:
     """GraphDecoder against the naive loop on the shipped model, on the GPU."""
     import minillm
+    from minillm.bench.quant import first_divergence
     from minillm.decode import GraphDecoder
     from minillm.generate import generate_naive
-    from minillm.quant_speed import first_divergence
     from minillm.sampling import SamplingParams
     prompt = list(range(5, 5 + PROMPT_LEN))
     out = []
@@ -115,7 +118,7 @@ def check_tokens(n: int = 48) -> list[dict]:
 
 def bench_model(name: str, steps: int, rounds: int, copy_gbps: float, compile_: bool,
                 gen_matvec: bool = False) -> dict:
-    from minillm.bandwidth import step_bytes
+    from minillm.bench.bandwidth import step_bytes
     from minillm.decode import GraphDecoder
     t0 = time.perf_counter()
     base = build(name)

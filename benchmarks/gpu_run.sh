@@ -6,7 +6,8 @@
 #      (the issues' settings) and benchmarks/gemv_sweep.py (every batch-1 GEMV configuration);
 #   3. their block-size sweeps (dequant: M = 1 only, the FMA path).
 # PAGED_SWEEP=0 / DEQUANT_SWEEP=0 skip a sweep. Logs and JSON go to $OUT (default benchmarks/out/,
-# git-ignored). Figures go to benchmarks/RESULTS.md by hand, with the device, date and command.
+# git-ignored). Figures go to benchmarks/RESULTS.md by hand, with the device, date and command
+# ("Paged attention kernels" and "What the kernels tried" cite this script).
 set -uo pipefail
 OUT=${OUT:-benchmarks/out}
 mkdir -p "$OUT"

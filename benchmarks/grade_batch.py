@@ -13,6 +13,9 @@ batch, their ratio and whether the two batches recorded the same grades. Each ba
 `--compile-cache` compares instead, at `--jobs 1`: the batch with an empty compile cache in each
 kernel (`grade --no-compile-cache`), the grader's warm-up alone (autograder/compile_cache.py),
 then the batch with a copy of the warm cache in each kernel.
+
+Its figures feed benchmarks/RESULTS.md, "Batch grading: one submission at a time against
+`--jobs 2` (CPU)" and its "Lab 05 with and without the grader's warm compile cache".
 """
 from __future__ import annotations
 

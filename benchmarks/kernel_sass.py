@@ -20,7 +20,8 @@ prints:
 --split-k N compiles the split-K finish too (`--json` counts its atomics: the count and the
 reset of the counter).
 
-The figures in benchmarks/RESULTS.md ("Third run") came from this script. The same kernels
+The figures in benchmarks/RESULTS.md, "Decode on the bandwidth scale on a GPU" ("Third run",
+"Fourth run", "Fifth run"), came from this script. The same kernels
 run in Triton's interpreter for the tests; this script needs the compiler, so it turns the
 interpreter off before importing them.
 """

@@ -32,6 +32,9 @@ ratios. Every kernel's output is compared with the torch reference before it is 
 Goals (issue 6): paged >= 75% of copy bandwidth, paged >= 0.9x the speed of the best SDPA,
 split >= 4x faster than unsplit at B = 1, L = 32768.
 Without a CUDA GPU (and without --dry-run) it says so and exits 0.
+
+Its figures feed benchmarks/RESULTS.md, "Paged attention kernels (lab 07, NVIDIA H100)" and
+"What the kernels tried (NVIDIA H100)".
 """
 from __future__ import annotations
 

@@ -5,8 +5,10 @@
 Each candidate of a lab's SpeedCheck (autograder/labs/labNN.py) -- the reference, the
 counter-example and, with --solution, the source notebook's own answer -- is measured --runs
 times, the last --loaded of them beside a busy core; --tester runs it as graded, the candidate in
-a process of its own and the check in a tester. The ranges go to the README's speed table and
-benchmarks/RESULTS.md. (Until 2026-11-29 this was `python -m autograder.labs`.)
+a process of its own and the check in a tester. The ranges go to autograder/README.md ("Speed
+checks: measured ranges") and, for the earlier designs, benchmarks/RESULTS.md ("Speed-check
+ranges under the earlier grading designs"). (Until 2026-11-29 this was
+`python -m autograder.labs`.)
 """
 from __future__ import annotations
 

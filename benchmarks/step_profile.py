@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/step_profile.py [--format int4] [--context 160] [--calls 100]
 
-Builds the shipped target in the format (`minillm.quant_speed.model_formats`), compiles its step
+Builds the shipped target in the format (`minillm.bench.quant.model_formats`), compiles its step
 (`minillm.decode.compiled.CompiledDecoder`), prefills a cache to `--context` positions and runs
 the compiled step `--calls` times at the next position under torch.profiler, with Inductor's
 generated kernels named in the profile (`cpp.enable_kernel_profile`). Prints microseconds per
@@ -18,7 +18,8 @@ step in five parts:
 * `other`: the rest of the profiled time.
 
 The profiler adds its own cost to every op it records, so the parts are larger than in an
-unprofiled step; compare them with each other.
+unprofiled step; compare them with each other. Its figures feed benchmarks/RESULTS.md, "Decode on
+the bandwidth scale (issue 20, CPU)" and "Quantized decode on the CPU (issue 19, lab 04)".
 """
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ import torch._inductor.config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 import minillm
+from minillm.bench.quant import FORMATS, model_formats
 from minillm.decode.compiled import CompiledDecoder
 from minillm.kvcache import KVCache
-from minillm.quant_speed import FORMATS, model_formats
 
 
 def parts(events, calls: int) -> dict:

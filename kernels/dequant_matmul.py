@@ -133,7 +133,7 @@ def pick_config(kind: str, M: int, N: int, K: int, group_size: int | None = None
     # M = 2..16: one row block of 16. int8: [64, 128] weight tiles, K split four ways where
     # each part still has 4 tiles (the sweeps' best on an H100 and an H200 within 5 %). int4:
     # [64, group] tiles, K split so that there are about 512 programs (four per SM of an
-    # H200), each with at least 4 groups (benchmarks/w4_dot_probe.py on an H200)
+    # H200), each with at least 4 groups (benchmarks/RESULTS.md, "Fourth run", on an H200)
     if kind == "w8":
         return Config(True, 16, 64, 128, num_stages=4,
                       split_k=max(1, min(4, K // (4 * 128))))

@@ -255,9 +255,8 @@ def default_scorer(target) -> PackedDecoder | None:
 
     Pass the *same* decoder to the plain decode loop you compare with: on a CPU the target's fp32
     weights (49 MB) live in the shared last-level cache, and a second copy in another layout
-    ([out, in], or oneDNN's blocked one, which beat "in_out" for some row counts when timed
-    alone) competes with the first for it. benchmarks/spec_scorer_layouts.py times the three
-    inside the speculative loop."""
+    ([out, in], or oneDNN's blocked one) competes with the first for it (benchmarks/RESULTS.md,
+    "Speculative decoding with the distilled draft")."""
     try:
         return PackedDecoder(target)
     except ValueError:

@@ -14,7 +14,7 @@ import pytest
 #   oversubscribe the machine, and the threads then wait on each other;
 # * Inductor's compile workers: beside a busy neighbour, a pool of compile processes costs more
 #   than it saves.
-# benchmarks/thread_share.py measures both: lab 09's recall training took 2.7x as long on two
+# benchmarks/RESULTS.md, "Each test worker's share of the cores", has both: lab 09's recall training took 2.7x as long on two
 # threads as on one beside a second process, and a cold compile of the draft's fused step 1.2x
 # as long with Inductor's default pool as with one compile process.
 # Set before torch is imported; a value already in the environment wins.

@@ -25,8 +25,9 @@ Four details make the compiled step fast rather than slow:
 * no size, stride and alignment asserts in the generated wrapper: it would check each of the ~60
   tensors it is given on every call, which Dynamo's guards have already checked. Without them
   the int4 step is about 7 % faster, the fp32 and int8 steps 3-5 %, bf16's no faster that one
-  can measure (`benchmarks/step_wrapper.py`).
-Inductor's C++ wrapper (`cpp_wrapper`) was measured too (same script): it makes the int4 step,
+  can measure (benchmarks/RESULTS.md, "Quantized decode on the CPU"; the probe that measured it,
+  `step_wrapper.py`, is retired there with the commit that last had it).
+Inductor's C++ wrapper (`cpp_wrapper`) was measured too (same probe): it makes the int4 step,
 which calls torch's int4 kernel 24 times between generated kernels, about 4 % faster, and the
 other formats' single-kernel steps no faster, but its C++ compile is slow: with it,
 `tests/test_quant_speed.py`'s bench of a tiny model took 69 s in `make test` instead of 11 s.
@@ -133,7 +134,7 @@ def gemv(x: torch.Tensor, w) -> torch.Tensor:
 class CompiledDecoder(Step):
     """`step(ids [1], cache) -> logits [1, V]`, the interface of `PackedDecoder.step` at batch 1,
     compiled on the first call. A snapshot of the weights: build a new one after changing them.
-    `options`: Inductor's options instead of INDUCTOR_OPTIONS (benchmarks/step_wrapper.py)."""
+    `options`: Inductor's options instead of INDUCTOR_OPTIONS."""
 
     def __init__(self, model, options: dict | None = None):
         # the packed decoder's [out, in] weights (q/k/v and gate/up concatenated) and RoPE tables
