@@ -48,22 +48,38 @@ clean-venv:
 	rm -rf $(VENV)
 
 # Grading (autograder/README.md). release: student versions of every lab (or LABS="00_sampling
-# 01_roofline") -> build/release/, registered in build/gradebook.db; overwrites build/release.
-# grade: SUBMISSIONS=dir holding dir/<student>/<lab>/<lab>.ipynb -> gradebook, build/grades.csv,
+# 01_roofline") -> build/release/, registered in build/gradebook.db; overwrites build/release;
+# EXCHANGE=dir also publishes them to that nbgrader exchange (a shared JupyterHub's).
+# collect: EXCHANGE=dir (the newest submission of each student) or ZIP=file LAB=lab (an LMS
+# download, Canvas's file names; ZIP_DATES=1 takes lateness from the zip's dates) ->
+# build/submitted/. deadline: LAB=lab DUE="2026-12-04 17:00 UTC"; extend: LAB STUDENT DAYS.
+# grade: SUBMISSIONS=dir (default build/submitted, where collect puts them) holding
+# dir/<student>/<lab>/<lab>.ipynb -> gradebook, build/grades.csv,
 # build/feedback/; JOBS=N executes N at once, SCHEDULER=tcp://host:port on a Dask cluster; each
 # kernel runs in a bubblewrap sandbox (apt-get install bubblewrap; see autograder/README.md);
 # SIMILARITY=1 compares the answers (copydetect; ARCHIVE=dir adds earlier terms' submissions).
 # selfgrade: NB=path/to/notebook.ipynb, graded in a temporary course; ANSWERS=1 then shows the
 # model answers and rubrics of the written answers you have written. release, grade and report
 # run one at a time on build/ (a second one waits up to AUTOGRADER_LOCK_WAIT=600 seconds).
-.PHONY: release grade selfgrade formgrade report
+.PHONY: release collect deadline extend grade selfgrade formgrade report
 
 release: $(STAMP)
-	$(PY) -m autograder release $(LABS)
+	$(PY) -m autograder release $(LABS) $(if $(EXCHANGE),--exchange "$(EXCHANGE)",)
+
+collect: $(STAMP)
+	@test -n "$(EXCHANGE)$(ZIP)" || { echo "usage: make collect EXCHANGE=dir [LABS=...] | make collect ZIP=file LAB=lab"; exit 2; }
+	$(PY) -m autograder collect $(if $(ZIP),$(LAB) --zip "$(ZIP)" $(if $(ZIP_DATES),--zip-dates,),$(LABS) --exchange "$(EXCHANGE)")
+
+deadline: $(STAMP)
+	@test -n "$(LAB)" -a -n "$(DUE)" || { echo 'usage: make deadline LAB=lab DUE="2026-12-04 17:00 UTC"'; exit 2; }
+	$(PY) -m autograder deadline $(LAB) "$(DUE)"
+
+extend: $(STAMP)
+	@test -n "$(LAB)" -a -n "$(STUDENT)" || { echo "usage: make extend LAB=lab STUDENT=id DAYS=n"; exit 2; }
+	$(PY) -m autograder extend $(LAB) $(STUDENT) --days $(or $(DAYS),0) --hours $(or $(HOURS),0)
 
 grade: $(STAMP)
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=dir (dir/<student>/<lab>/<lab>.ipynb)"; exit 2; }
-	$(PY) -m autograder grade "$(SUBMISSIONS)" $(if $(JOBS),--jobs $(JOBS),) \
+	$(PY) -m autograder grade "$(or $(SUBMISSIONS),build/submitted)" $(if $(JOBS),--jobs $(JOBS),) \
 		$(if $(SCHEDULER),--scheduler $(SCHEDULER),) $(if $(SIMILARITY),--similarity,) \
 		$(if $(ARCHIVE),--similarity-archive $(ARCHIVE),)
 

@@ -62,6 +62,14 @@ except Exception as e:                             # nbgrader without our packag
     execute = None
 
 if execute is not None:
+    # Late work (autograder/deadlines.py): each lab's due date and each student's extension are
+    # in the gradebook (`python -m autograder deadline LAB WHEN`, `extend LAB STUDENT --days N`);
+    # a submission whose timestamp.txt is past its due date loses `per_day` of each notebook's
+    # score per started day, at most `cap`. The CSV shows the penalty and the seconds late.
+    c.AssignLatePenalties.plugin_class = "autograder.deadlines.PerDayPenalty"
+    c.PerDayPenalty.per_day = 0.10
+    c.PerDayPenalty.cap = 0.50
+
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.preprocessors import (
         AssignLatePenalties,

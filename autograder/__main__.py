@@ -1,5 +1,5 @@
-"""python -m autograder release [LAB ...] | grade DIR | report [LAB ...] | selfgrade NOTEBOOK
-(see README.md)."""
+"""python -m autograder release [LAB ...] | collect | deadline | extend | grade DIR | report [LAB ...]
+| selfgrade NOTEBOOK (see README.md)."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +28,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("labs", nargs="*", help="lab folder names (default: every lab in labs/)")
     p.add_argument("--missing", action="store_true",
                    help="only labs not released yet (never overwrites a student's work)")
+    p.add_argument("--exchange", type=Path, metavar="DIR",
+                   help="also publish them to this nbgrader exchange (release_assignment)")
+    p.add_argument("--root")
+
+    p = sub.add_parser("collect", help="submissions from an nbgrader exchange or an LMS zip -> "
+                                       "build/submitted/<student>/<lab>/")
+    p.add_argument("labs", nargs="*", help="labs (default with --exchange: every lab; with "
+                                           "--zip: exactly one)")
+    p.add_argument("--exchange", type=Path, metavar="DIR", help="the exchange released to")
+    p.add_argument("--zip", type=Path, metavar="FILE", help="an LMS download of one lab")
+    p.add_argument("--pattern", help="the zip's file names, a regular expression with "
+                                     "(?P<student_id>) and (?P<file_id>) (default: Canvas's)")
+    p.add_argument("--zip-dates", action="store_true",
+                   help="each submission's time is its file's date in the zip (lateness)")
+    p.add_argument("--root")
+
+    p = sub.add_parser("deadline", help="a lab's due date (late work is penalised)")
+    p.add_argument("lab")
+    p.add_argument("due", help="e.g. '2026-12-04 17:00 UTC'")
+    p.add_argument("--root")
+
+    p = sub.add_parser("extend", help="more time for one student on one lab")
+    p.add_argument("lab")
+    p.add_argument("student")
+    p.add_argument("--days", type=float, default=0)
+    p.add_argument("--hours", type=float, default=0)
     p.add_argument("--root")
 
     p = sub.add_parser("grade", help="autograde DIR/<student>/<lab>/<lab>.ipynb into the gradebook,"
@@ -87,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args, course) -> int:
     if args.cmd == "release":
+        if args.exchange:
+            from .collect import release
+            done = release(course, args.labs or None, args.exchange)
+            print(f"released {', '.join(done)} -> {course.build / 'release'} and the exchange "
+                  f"{args.exchange}")
+            return 0
         done = course.release(args.labs or None, missing_only=args.missing)
         if done:
             print(f"released {', '.join(done)} -> {course.build / 'release'}")
@@ -95,6 +127,23 @@ def _run(args, course) -> int:
         else:
             print(f"no labs in {course.root / 'labs'}")
         return 0
+    if args.cmd == "collect":
+        from . import collect
+        if bool(args.exchange) == bool(args.zip):
+            raise ValueError("give --exchange DIR or --zip FILE (one of them)")
+        if args.exchange:
+            found = collect.collect_exchange(course, args.labs or None, args.exchange)
+        elif len(args.labs) != 1:
+            raise ValueError(f"--zip holds one lab's submissions: name it, got {args.labs}")
+        else:
+            found = collect.collect_zip(course, args.labs[0], args.zip, zip_dates=args.zip_dates,
+                                        pattern=args.pattern or collect.CANVAS)
+        print(f"next: python -m autograder grade {course.build / 'submitted'}")
+        return 0 if found else 1
+    if args.cmd in ("deadline", "extend"):
+        from . import deadlines
+        return (deadlines.main_deadline if args.cmd == "deadline" else deadlines.main_extend)(
+            args, course)
     if args.cmd == "grade":
         from .grade import main_grade
         return main_grade(args, course)

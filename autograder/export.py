@@ -11,7 +11,7 @@ from pathlib import Path
 from nbgrader.api import MissingEntry
 from nbgrader.plugins import CsvExportPlugin
 
-COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name",
+COLUMNS = ["assignment", "duedate", "timestamp", "seconds_late", "student_id", "last_name", "first_name",
            "email", "raw_score", "late_submission_penalty", "score", "max_score",
            "auto_score", "auto_max_score", "written_score", "written_max_score",
            "to_grade_by_hand", "similarity", "similar_to"]
@@ -61,13 +61,16 @@ class SplitScoreCsv(CsvExportPlugin):
                     try:
                         sub = gradebook.find_submission(assignment.name, student.id)
                     except MissingEntry:
-                        row.update(timestamp="", raw_score=0.0, late_submission_penalty=0.0,
+                        row.update(timestamp="", seconds_late=0, raw_score=0.0,
+                                   late_submission_penalty=0.0,
                                    score=0.0, auto_score=0.0, written_score=0.0,
                                    to_grade_by_hand=0, auto_max_score=assignment.max_code_score,
                                    written_max_score=assignment.max_written_score)
                     else:
                         penalty = sub.late_submission_penalty or 0.0
-                        row.update(timestamp=sub.timestamp or "", raw_score=sub.score,
+                        row.update(timestamp=sub.timestamp or "", duedate=sub.duedate or "",
+                                   seconds_late=round(sub.total_seconds_late),
+                                   raw_score=sub.score,
                                    late_submission_penalty=penalty,
                                    score=max(0.0, sub.score - penalty), **split_scores(sub))
                     if match := matches.get(assignment.name, {}).get(student.id):
