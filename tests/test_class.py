@@ -44,9 +44,18 @@ def ago(**kw) -> str:
     return f"{datetime.now(timezone.utc) - timedelta(**kw):%Y-%m-%d %H:%M:%S} UTC"
 
 
+def instructor(course, *args: str) -> str:
+    """`python -m autograder ARGS --root COURSE`, what the Makefile's targets run."""
+    r = subprocess.run([sys.executable, "-m", "autograder", *args, "--root", str(course.root)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
 def test_two_students_through_the_exchange_to_the_csv_with_a_deadline(tmp_path):
+    """README, "Running a class", on a hub: release, deadline, extend, collect, grade."""
     course, exchange = dummy_course(tmp_path / "course"), tmp_path / "exchange"
-    collect.release(course, [DUMMY], exchange)
+    instructor(course, "release", DUMMY, "--exchange", str(exchange))
 
     def student(name: str, *args: str):
         home = tmp_path / "home" / name                   # each student a home of their own
@@ -64,13 +73,15 @@ def test_two_students_through_the_exchange_to_the_csv_with_a_deadline(tmp_path):
             mine.write_text(answered(mine, answer))
             student(name, "submit", DUMMY, f"--student={name}")
             mine.write_text(released)
-    deadlines.set_due(course, DUMMY, ago(hours=30))         # everyone is 2 started days late
-    deadlines.extend(course, DUMMY, "alice", days=3)        # ... except alice
-    found = collect.collect_exchange(course, [DUMMY], exchange, log=lambda *_: None)
-    assert found == [("alice", DUMMY), ("bob", DUMMY)]
+    instructor(course, "deadline", DUMMY, ago(hours=30))    # everyone is 2 started days late
+    instructor(course, "extend", DUMMY, "alice", "--days", "3")       # ... except alice
+    out = instructor(course, "collect", DUMMY, "--exchange", str(exchange))
+    assert f"{DUMMY}: 2 submission(s)" in out and "(alice, bob)" in out, out
     assert (course.submitted("bob", DUMMY) / "timestamp.txt").is_file()
-
-    rows, log = grade_all(course)
+    instructor(course, "grade", str(course.build / "submitted"), "--jobs", "2", "--no-feedback",
+               "--cell-timeout", "20", "--notebook-timeout", "90", "--mem-gb", "2")
+    rows = {r["student_id"]: r for r in
+            csv.DictReader(io.StringIO((course.build / "grades.csv").read_text()))}
     alice, bob = rows["alice"], rows["bob"]
     assert float(alice["raw_score"]) == FULL and float(alice["score"]) == FULL, alice
     assert float(alice["late_submission_penalty"]) == 0 and alice["seconds_late"] == "0", alice
@@ -138,3 +149,22 @@ def _empty_zip(tmp_path: Path) -> Path:
     path = tmp_path / "empty.zip"
     zipfile.ZipFile(path, "w").close()
     return path
+
+
+def test_the_makefile_targets_run_those_commands():
+    """The README's `make` lines are the commands the tests above run."""
+    def dry(*args: str) -> str:
+        r = subprocess.run(["make", "-n", *args], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parents[1])
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.replace("\\\n", " ").split())
+    assert "-m autograder release 00_sampling --exchange \"/x\"" in \
+        dry("release", "EXCHANGE=/x", "LABS=00_sampling")
+    assert "-m autograder collect --exchange \"/x\"" in dry("collect", "EXCHANGE=/x")
+    assert "-m autograder collect 00_sampling --zip \"s.zip\" --zip-dates" in \
+        dry("collect", "ZIP=s.zip", "LAB=00_sampling", "ZIP_DATES=1")
+    assert "-m autograder deadline 00_sampling \"2026-12-04 17:00 UTC\"" in \
+        dry("deadline", "LAB=00_sampling", "DUE=2026-12-04 17:00 UTC")
+    assert "-m autograder extend 00_sampling alice --days 2 --hours 0" in \
+        dry("extend", "LAB=00_sampling", "STUDENT=alice", "DAYS=2")
+    assert "-m autograder grade \"build/submitted\"" in dry("grade")
