@@ -82,31 +82,39 @@ def collect_zip(course: Course, lab: str, zip_path: Path, *, pattern: str = CANV
         raise ValueError("the file-name pattern needs the groups (?P<student_id>...) and "
                          "(?P<file_id>...)")
     course.release([lab], missing_only=True)
-    archive = course.build / "downloaded" / lab / "archive"
-    if archive.exists():
-        shutil.rmtree(archive)
-    archive.mkdir(parents=True)
-    shutil.copy2(zip_path, archive / zip_path.name)
+    expected = {p.name for p in course.source(lab).glob("*.ipynb")}
+    mine: dict[str, list[zipfile.ZipInfo]] = {}          # student -> their files in the zip
+    with zipfile.ZipFile(zip_path) as z:
+        for entry in (e for e in z.infolist() if not e.is_dir()):
+            m = rx.match("/" + entry.filename)
+            if not m or not STUDENT_RE.match(m["student_id"]) or \
+                    Path(m["file_id"]).stem + ".ipynb" not in expected:
+                log(f"not collected: {entry.filename} (its name is not <student>_..._<notebook "
+                    f"of {lab}> in the pattern {pattern})")
+            else:
+                mine.setdefault(m["student_id"], []).append(entry)
+        archive = course.build / "downloaded" / lab / "archive"
+        if archive.exists():
+            shutil.rmtree(archive)
+        archive.mkdir(parents=True)
+        with zipfile.ZipFile(archive / zip_path.name, "w") as out:   # one file per student
+            for student, entries in sorted(mine.items()):
+                entries.sort(key=lambda e: (e.date_time, e.filename))
+                if len(entries) > 1:
+                    log(f"{student}: {len(entries)} files; collected the newest in the zip, "
+                        f"{entries[-1].filename} (not: "
+                        f"{', '.join(e.filename for e in entries[:-1])})")
+                out.writestr(entries[-1], z.read(entries[-1]))
     _run(course, "zip_collect", lab, "--force", "--strict",
          "--ZipCollectApp.downloaded_directory=build/downloaded",
          "--collector=autograder.collect.LmsCollector",
          f"--FileNameCollectorPlugin.named_regexp={pattern}",
          f"--LmsCollector.zip_dates={zip_dates}")
-    expected = {p.name for p in course.source(lab).glob("*.ipynb")}
-    late = []
-    with zipfile.ZipFile(zip_path) as z:
-        for name in (e.filename for e in z.infolist() if not e.is_dir()):
-            m = rx.match("/" + name)
-            student = m and m["student_id"]
-            if not m or not STUDENT_RE.match(student) or \
-                    Path(m["file_id"]).stem + ".ipynb" not in expected:
-                log(f"not collected: {name} (its name is not <student>_..._<notebook of {lab}> "
-                    f"in the pattern {pattern})")
-            elif "late" in rx.groupindex and m["late"]:
-                late.append(student)
+    late = sorted(s for s, entries in mine.items()
+                  if "late" in rx.groupindex and rx.match("/" + entries[-1].filename)["late"])
     if late and not zip_dates:
-        log(f"marked late by the LMS: {', '.join(sorted(set(late)))} (no penalty here: the zip's "
-            "dates are not read without --zip-dates; see autograder/README.md)")
+        log(f"marked late by the LMS: {', '.join(late)} (no penalty here: the zip's dates are "
+            "not read without --zip-dates; see autograder/README.md)")
     return _submitted(course, [lab], log)
 
 

@@ -92,13 +92,14 @@ def test_two_students_through_the_exchange_to_the_csv_with_a_deadline(tmp_path):
 
 
 def canvas_zip(path: Path, released: Path, due: datetime) -> None:
-    """A Canvas-style download: two students (one late, re-uploaded), a stray file, a notebook
-    that is no student's; each entry dated when it was handed in."""
-    before, after = (due - timedelta(hours=1)).timetuple()[:6], \
-        (due + timedelta(hours=50)).timetuple()[:6]
+    """A Canvas-style download: two students (one late, re-uploaded; one with an older hand-in
+    too), a stray file, a notebook that is no student's; each entry dated when it was handed
+    in."""
+    earlier, before, after = ((due + timedelta(hours=h)).timetuple()[:6] for h in (-3, -1, 50))
     with zipfile.ZipFile(path, "w") as z:
         for name, when, text in (
                 (f"carolsmith_12345_678901_{DUMMY}.ipynb", before, answered(released, RIGHT)),
+                (f"carolsmith_12345_600000_{DUMMY}.ipynb", earlier, answered(released, WRONG)),
                 (f"danjones_LATE_23456_789012_{DUMMY}-1.ipynb", after, answered(released, WRONG)),
                 ("README.txt", before, "downloaded from the LMS"),
                 ("notes.ipynb", before, answered(released, RIGHT))):
@@ -116,6 +117,8 @@ def test_an_lms_zip_to_the_csv_with_its_dates_and_nothing_dropped_in_silence(tmp
     assert found == [("carolsmith", DUMMY), ("danjones", DUMMY)], log
     reported = "\n".join(log)
     assert "not collected: README.txt" in reported and "not collected: notes.ipynb" in reported
+    assert f"carolsmith: 2 files; collected the newest in the zip, carolsmith_12345_678901_" \
+        in reported, reported
 
     rows, _ = grade_all(course)
     carol, dan = rows["carolsmith"], rows["danjones"]
