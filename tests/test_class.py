@@ -117,7 +117,7 @@ def test_an_lms_zip_to_the_csv_with_its_dates_and_nothing_dropped_in_silence(tmp
     assert found == [("carolsmith", DUMMY), ("danjones", DUMMY)], log
     reported = "\n".join(log)
     assert "not collected: README.txt" in reported and "not collected: notes.ipynb" in reported
-    assert f"carolsmith: 2 files; collected the newest in the zip, carolsmith_12345_678901_" \
+    assert "carolsmith: 2 files; collected the newest in the zip, carolsmith_12345_678901_" \
         in reported, reported
 
     rows, _ = grade_all(course)
