@@ -11,8 +11,8 @@ from pathlib import Path
 from nbgrader.api import MissingEntry
 from nbgrader.plugins import CsvExportPlugin
 
-COLUMNS = ["assignment", "duedate", "timestamp", "seconds_late", "student_id", "last_name", "first_name",
-           "email", "raw_score", "late_submission_penalty", "score", "max_score",
+COLUMNS = ["assignment", "duedate", "timestamp", "seconds_late", "student_id", "last_name",
+           "first_name", "email", "raw_score", "late_submission_penalty", "score", "max_score",
            "auto_score", "auto_max_score", "written_score", "written_max_score",
            "to_grade_by_hand", "similarity", "similar_to"]
 
