@@ -37,7 +37,7 @@ class Step:
 
     def run(self, x: torch.Tensor, cos, sin_signed, attend) -> torch.Tensor:
         """x [R, D]: the embeddings of R new tokens -> logits [R, V]. cos, sin_signed: each
-        row's rotary tables ([R, 1, H], or [H] for one token), as `rope_tables` makes them."""
+        row's rotary tables ([R, 1, H]; for one token also [1, H] or [H]), from `rope_tables`."""
         for i, w in enumerate(self.layers):
             x = self.layer(i, w, x, cos, sin_signed, attend)
         return self.mm(rms(x, self.norm, self.norm_eps), self.lm_head, None)
