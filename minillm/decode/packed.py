@@ -158,10 +158,13 @@ class PackedDecoder(Step):
             mask = causal_mask(positions, cache.positions[:p + T])
 
         def attend(i, q, k, v):                       # [B*T, heads, H] -> [B, heads, T, H]
-            q, k, v = (t.view(B, T, -1, H).transpose(1, 2) for t in (q, k, v))
+            if T == 1:                                # a decode step: fewer ops for the same
+                q, k, v = q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2)
+            else:
+                q, k, v = (t.view(B, T, -1, H).transpose(1, 2) for t in (q, k, v))
             k_all, v_all, _ = cache.update(i, k, v, positions)
             att = sdpa(q, k_all, v_all, attn_mask=mask)                  # [B, N, T, H]
-            return att.transpose(1, 2).reshape(B * T, N * H)
+            return (att if T == 1 else att.transpose(1, 2)).reshape(B * T, N * H)
 
         logits = self.run(self.embed[ids].reshape(B * T, -1), cos, sin, attend)
         cache.advance(positions)
