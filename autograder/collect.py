@@ -22,7 +22,7 @@ from pathlib import Path
 from nbgrader.plugins import FileNameCollectorPlugin
 from traitlets import Bool
 
-from .course import STUDENT_RE, Course, _tail
+from .course import STUDENT_RE, Course
 
 # Canvas's "Download Submissions": <name>_[LATE_]<user id>_<submission id>_<file>[-<n>].ipynb
 # (-<n>: a re-upload). nbgrader matches it against the file's whole path.
@@ -55,7 +55,7 @@ def release(course: Course, labs: list[str] | None, exchange: Path) -> list[str]
     """Generate the labs, then publish them to the exchange (`nbgrader release_assignment`)."""
     done = course.release(labs)
     for lab in done:
-        _run(course, "release_assignment", lab, f"--Exchange.root={exchange}", "--force")
+        course.step("release_assignment", lab, f"--Exchange.root={exchange}", "--force")
     return done
 
 
@@ -67,7 +67,7 @@ def collect_exchange(course: Course, labs: list[str] | None, exchange: Path,
                                 "first: make release EXCHANGE=...)")
     labs = [course.check_lab(lab) for lab in labs] if labs else course.labs()
     for lab in labs:
-        _run(course, "collect", lab, f"--Exchange.root={exchange}", "--update")
+        course.step("collect", lab, f"--Exchange.root={exchange}", "--update")
     return _submitted(course, labs, log)
 
 
@@ -83,7 +83,7 @@ def collect_zip(course: Course, lab: str, zip_path: Path, *, pattern: str = CANV
                          "(?P<file_id>...)")
     course.release([lab], missing_only=True)
     expected = {p.name for p in course.source(lab).glob("*.ipynb")}
-    mine: dict[str, list[zipfile.ZipInfo]] = {}          # student -> their files in the zip
+    mine: dict[str, list] = {}             # student -> [(entry, its name's match)] in the zip
     with zipfile.ZipFile(zip_path) as z:
         for entry in (e for e in z.infolist() if not e.is_dir()):
             m = rx.match("/" + entry.filename)
@@ -92,26 +92,25 @@ def collect_zip(course: Course, lab: str, zip_path: Path, *, pattern: str = CANV
                 log(f"not collected: {entry.filename} (its name is not <student>_..._<notebook "
                     f"of {lab}> in the pattern {pattern})")
             else:
-                mine.setdefault(m["student_id"], []).append(entry)
+                mine.setdefault(m["student_id"], []).append((entry, m))
         archive = course.build / "downloaded" / lab / "archive"
         if archive.exists():
             shutil.rmtree(archive)
         archive.mkdir(parents=True)
         with zipfile.ZipFile(archive / zip_path.name, "w") as out:   # one file per student
-            for student, entries in sorted(mine.items()):
-                entries.sort(key=lambda e: (e.date_time, e.filename))
-                if len(entries) > 1:
-                    log(f"{student}: {len(entries)} files; collected the newest in the zip, "
-                        f"{entries[-1].filename} (not: "
-                        f"{', '.join(e.filename for e in entries[:-1])})")
-                out.writestr(entries[-1], z.read(entries[-1]))
-    _run(course, "zip_collect", lab, "--force", "--strict",
+            for student, files in sorted(mine.items()):
+                files.sort(key=lambda f: (f[0].date_time, f[0].filename))
+                if len(files) > 1:
+                    log(f"{student}: {len(files)} files; collected the newest in the zip, "
+                        f"{files[-1][0].filename} (not: "
+                        f"{', '.join(f[0].filename for f in files[:-1])})")
+                out.writestr(files[-1][0], z.read(files[-1][0]))
+    course.step("zip_collect", lab, "--force", "--strict",
          "--ZipCollectApp.downloaded_directory=build/downloaded",
          "--collector=autograder.collect.LmsCollector",
          f"--FileNameCollectorPlugin.named_regexp={pattern}",
          f"--LmsCollector.zip_dates={zip_dates}")
-    late = sorted(s for s, entries in mine.items()
-                  if "late" in rx.groupindex and rx.match("/" + entries[-1].filename)["late"])
+    late = [s for s, files in sorted(mine.items()) if files[-1][1].groupdict().get("late")]
     if late and not zip_dates:
         log(f"marked late by the LMS: {', '.join(late)} (no penalty here: the zip's dates are "
             "not read without --zip-dates; see autograder/README.md)")
@@ -127,10 +126,3 @@ def _submitted(course: Course, labs: list[str], log) -> list[tuple[str, str]]:
             + (f" ({', '.join(who)})" if who else ""))
     return found
 
-
-def _run(course: Course, *args: str) -> None:
-    r = course.nbgrader(*args, log=course.build / "logs" / f"{args[0]}_{args[1]}.log",
-                        timeout=600)
-    if r.returncode != 0:
-        raise RuntimeError(f"nbgrader {' '.join(args[:2])} failed (exit {r.returncode}); log "
-                           f"{r.log}:\n{_tail(r.output)}")

@@ -141,12 +141,19 @@ class Course:
         log_dir = log_dir or self.build / "logs"
         (self.build / "release").mkdir(parents=True, exist_ok=True)
         for lab in labs:
-            r = self.nbgrader("generate_assignment", lab, "--force",
-                              log=log_dir / f"release_{lab}.log", timeout=600)
-            if r.returncode != 0 or not (self.release_dir(lab) / f"{lab}.ipynb").is_file():
-                raise RuntimeError(f"nbgrader generate_assignment {lab} failed "
-                                   f"(exit {r.returncode}); log {r.log}:\n{_tail(r.output)}")
+            self.step("generate_assignment", lab, "--force", log=log_dir / f"release_{lab}.log",
+                      makes=self.release_dir(lab) / f"{lab}.ipynb")
         return labs
+
+    def step(self, command: str, lab: str, *args: str, log: Path | None = None,
+             makes: Path | None = None) -> None:
+        """`nbgrader COMMAND LAB ARGS`; RuntimeError with the log's tail unless it succeeds (and
+        writes `makes`)."""
+        log = log or self.build / "logs" / f"{command}_{lab}.log"
+        r = self.nbgrader(command, lab, *args, log=log, timeout=600)
+        if r.returncode != 0 or (makes is not None and not makes.is_file()):
+            raise RuntimeError(f"nbgrader {command} {lab} failed (exit {r.returncode}); log "
+                               f"{r.log}:\n{_tail(r.output)}")
 
     def register_students(self, students: list[str]) -> None:
         with self.gradebook() as gb:
