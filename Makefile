@@ -103,3 +103,27 @@ formgrade: $(STAMP)
 
 report: $(STAMP)
 	$(PY) -m autograder report $(LABS)
+
+# A lent CUDA GPU (benchmarks/gpu_check.py; ../shared/GPU.md): `make gpu-pack` here leaves out the
+# models the GPU run never loads and packs the packages it lacks into .gpu/; `make gpu-check`
+# there (its own python3: torch and triton as installed, nothing fetched; carry [".gpu"], OUT=dir
+# for what comes back); `make gpu-record FROM=dir/gpu_check.json` here adds its section to
+# benchmarks/RESULTS.md (APPEND=1 adds it at once on a GPU of your own); `make gpu-unpack` puts
+# the models back. DRY_RUN=1 runs on a CPU every step that can run without a GPU; SWEEPS=1 adds
+# the kernels' block-size sweeps (up to 14 more minutes).
+.PHONY: gpu-check gpu-pack gpu-unpack gpu-record
+GPU_PY = $(if $(wildcard $(PY)),$(PY),python3)
+
+gpu-check: $(if $(DRY_RUN),$(STAMP),)
+	$(GPU_PY) -m benchmarks.gpu_check $(if $(DRY_RUN),--dry-run,) $(if $(OUT),--out "$(OUT)",) \
+		$(if $(APPEND),--append,) $(if $(SWEEPS),--sweeps,)
+
+gpu-pack: $(STAMP)
+	$(PY) -m benchmarks.gpu_check --pack
+
+gpu-unpack:
+	$(GPU_PY) -m benchmarks.gpu_check --unpack
+
+gpu-record: $(STAMP)
+	@test -n "$(FROM)" || { echo "usage: make gpu-record FROM=path/to/gpu_check.json"; exit 2; }
+	$(PY) -m benchmarks.gpu_check --record "$(FROM)"

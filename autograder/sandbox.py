@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import importlib.util
 import os
 import shutil
@@ -30,7 +31,7 @@ PACKAGES = ("minillm", "kernels", "autograder")
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-")
 # copied from the grader's environment when set (threading, triton's CPU mode)
-PASSTHROUGH_ENV = ("TRITON_INTERPRET", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+PASSTHROUGH_ENV = ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                    "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                    "TORCHINDUCTOR_COMPILE_THREADS", "TZ")
 MAX_IPC_PATH = 100            # sockaddr_un.sun_path is 108 bytes; jupyter appends "-<port>"
@@ -150,6 +151,15 @@ def _namespace_args() -> tuple[str, ...]:
     return tuple(args)
 
 
+def gpu_devices() -> list[str]:
+    """NVIDIA's device nodes where this machine has them (none elsewhere): bound into the
+    sandbox, so that a kernel graded on a GPU machine runs the labs' kernels on the GPU."""
+    nodes = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    nodes += [p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+              if os.path.exists(p)]
+    return nodes + (["/dev/nvidia-caps"] if os.path.isdir("/dev/nvidia-caps") else [])
+
+
 def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
@@ -159,6 +169,8 @@ def bwrap_argv(spec: SandboxSpec, cmd: list[str], seccomp_fd: int | None = None)
     if (exe := bwrap_path()) is None:
         raise RuntimeError(sandbox_unavailable_reason() or "bwrap is not installed")
     argv = [exe, *_namespace_args(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for node in gpu_devices():
+        argv += ["--dev-bind", node, node]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     bound: list[Path] = []

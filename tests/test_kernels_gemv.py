@@ -1,6 +1,6 @@
 """The batch-1 GEMV kernels of kernels/gemv.py (split-K, the M = 1 path of w8a16_matmul and
 w4a16_matmul, GraphDecoder's triton_gemv), against the torch references. Without a GPU they run
-in Triton's interpreter, with the portable conversion; on a GPU (benchmarks/gpu_run.sh) the same
+in Triton's interpreter, with the portable conversion; on a GPU (make gpu-check) the same
 tests run the byte-permute conversion."""
 import itertools
 

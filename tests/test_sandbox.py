@@ -373,6 +373,21 @@ def test_bwrap_argv(tmp_path, monkeypatch):
     assert setenv["PATH"].split(":")[0] == str(Path(sys.prefix).absolute() / "bin")
 
 
+def test_a_gpu_machines_device_nodes_are_bound_into_the_sandbox(tmp_path, monkeypatch):
+    from autograder import sandbox
+    spec = SandboxSpec.default(tmp_path / "w", tmp_path / "r")
+    monkeypatch.setattr(sandbox, "gpu_devices", lambda: [])
+    assert "--dev-bind" not in bwrap_argv(spec, ["true"])
+    monkeypatch.setattr(sandbox, "gpu_devices", lambda: ["/dev/nvidia0", "/dev/nvidiactl"])
+    argv = bwrap_argv(spec, ["true"])
+    binds = [argv[i:i + 3] for i, a in enumerate(argv) if a == "--dev-bind"]
+    assert binds == [["--dev-bind", "/dev/nvidia0", "/dev/nvidia0"],
+                     ["--dev-bind", "/dev/nvidiactl", "/dev/nvidiactl"]]
+    assert argv.index("--dev-bind") > argv.index("--dev")     # over the sandbox's own /dev
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert default_env(tmp_path)["CUDA_VISIBLE_DEVICES"] == "0"
+
+
 def test_the_filter_program_for_each_architecture(monkeypatch):
     """The BPF program as bwrap reads it: the native ABI checked first, the refused calls by
     their numbers, EPERM last (x86_64: 203 and the x32 bit; aarch64: 122)."""

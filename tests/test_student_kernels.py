@@ -291,6 +291,18 @@ def test_the_gpu_speed_check_runs_as_a_dry_run(solution, fmt):
     assert r["ratio_to_reference"] == pytest.approx(r["reference_s"] / r["student_s"])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["w8a16", "w4a16"])
+def test_gpu_speed_checks_pass(solution, fmt, record_property):
+    """On a GPU: the notebook's GEMV kernels above GPU_SPEED's thresholds, at the check's own
+    4096 x 4096 (the reports go to make gpu-check's summary)."""
+    r = tri.check_gemv_speed(fmt, getattr(solution, f"{fmt}_gemv_kernel"))
+    record_property(f"speed lab 04 {fmt} kernel", json.dumps({**r, **tri.GPU_SPEED}, default=str))
+    assert r["dry_run"] is False
+    assert r["fraction_of_copy"] >= tri.GPU_SPEED["min_fraction_of_copy"]
+    assert r["ratio_to_reference"] >= tri.GPU_SPEED["min_ratio_to_reference"]
+
+
 def test_the_speed_check_fails_below_its_thresholds():
     # as on a GPU (not a dry run): 2x slower than the course, 5% of copy
     report = {"student_s": 2.0, "reference_s": 1.0, "student_GBps": 5.0, "copy_GBps": 100.0,
