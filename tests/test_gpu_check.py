@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -192,3 +193,45 @@ def test_carried_packages_are_unpacked_onto_the_steps_paths(tmp_path, monkeypatc
     r = subprocess.run([sys.executable, "-c", "import kit_probe_pkg; print(kit_probe_pkg.WHERE)"],
                        env=run.env, capture_output=True, text=True)
     assert r.stdout.strip() == "carried", r.stderr
+
+
+def test_a_command_past_its_limit_is_killed_with_its_children(tmp_path):
+    run, step = _step(tmp_path)
+    child = tmp_path / "child.pid"
+    t0 = time.monotonic()
+    code, text = run.sh(step, [sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               "p = subprocess.Popen([sys.executable, '-c', "
+                               "'import time; time.sleep(60)'])\n"
+                               f"open({str(child)!r}, 'w').write(str(p.pid))\n"
+                               "print('started', flush=True)\ntime.sleep(60)\n"], limit=5)
+    assert code is None and "started" in text and "killed at the 5 s limit" in text
+    assert time.monotonic() - t0 < 20
+    pid = int(child.read_text())
+    import psutil
+    try:
+        psutil.Process(pid).wait(timeout=5)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:                  # gone but for its exit status
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, f"{pid} outlived the limit"
+
+
+def test_the_benchmarks_reports_become_the_gpu_goals_figures():
+    decode = {"tokens": [{"match": True}, {"match": False}],
+              "models": [{"model": "7b", "rows": [
+                  {"format": "int4", "mode": "graph", "tok_s": 220.4, "bandwidth_fraction": 0.2,
+                   "vs_bf16_same_mode": 1.18},
+                  {"format": "int4", "mode": "eager", "tok_s": 52, "bandwidth_fraction": 0.05,
+                   "vs_bf16_same_mode": 0.6}]}]}
+    assert gc.benchmark_figures("gpu_decode.py", decode) == [
+        {"figure": "gpu_decode 7b int4 graph: tok/s, fraction of copy, vs bf16",
+         "value": [220, 0.2, 1.18], "want": None},
+        {"figure": "gpu_decode: GraphDecoder's greedy tokens equal the naive loop's",
+         "value": "1 of 2 comparisons", "want": "2 of 2"}]
+    dequant = {"goals": {"w4a16": {"want_speedup_at_M1": 2.0, "got": [1.5, 1.48], "met": False}}}
+    assert gc.benchmark_figures("dequant_matmul.py", dequant) == [
+        {"figure": "dequant_matmul.py w4a16", "value": [1.5, 1.48], "want": 2.0}]
+    assert gc.fmt([1.5, 1.48]) == "1.5, 1.48" and gc.fmt(None) == "-"
+    assert gc.site_archive("3.12.3").name == "site-py312.tar.xz"
+    assert gc.site_archive("3.9.18").name == "site-py39.tar.xz"
