@@ -127,7 +127,7 @@ class Run:
     def sh(self, step: Step, cmd: list[str], limit: int | None = None) -> tuple[int | None, str]:
         """Run cmd from the repository root within the step's limit (and the run's budget);
         returns (exit status or None if it timed out, output)."""
-        limit = max(5, int(min(limit or step.timeout, self.deadline - time.monotonic())))
+        limit = max(1, int(min(limit or step.timeout, self.deadline - time.monotonic())))
         self.say(f"$ {' '.join(cmd)}    (limit {limit} s)")
         # its own process group: on the limit, its workers (pytest-xdist's, a notebook's
         # kernel) go with it and free the GPU for the next step
