@@ -235,3 +235,11 @@ def test_the_benchmarks_reports_become_the_gpu_goals_figures():
     assert gc.fmt([1.5, 1.48]) == "1.5, 1.48" and gc.fmt(None) == "-"
     assert gc.site_archive("3.12.3").name == "site-py312.tar.xz"
     assert gc.site_archive("3.9.18").name == "site-py39.tar.xz"
+
+
+def test_a_step_the_budget_never_reached_fails_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gc, "has_gpu", lambda: False)
+    assert gc.main(["--dry-run", "--only", "labs", "--budget", "0", "--out", str(tmp_path)]) == 1
+    step = json.loads((tmp_path / "gpu_check.json").read_text())["steps"][0]
+    assert step["status"] == "timed out" and "budget was spent" in step["detail"]
+    assert "failed: ['labs']" in capsys.readouterr().out
