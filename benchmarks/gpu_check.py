@@ -44,14 +44,12 @@ build/gpu-site/, so it fetches nothing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -132,17 +130,13 @@ class Run:
         returns (exit status or None if it timed out, output)."""
         limit = max(1, int(min(limit or step.timeout, self.deadline - time.monotonic())))
         self.say(f"$ {' '.join(cmd)}    (limit {limit} s)")
-        # its own process group: on the limit, its workers (pytest-xdist's, a notebook's
-        # kernel) go with it and free the GPU for the next step
-        proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            text, code = proc.communicate(timeout=limit)[0], proc.returncode
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            text, code = proc.communicate()[0] + f"\n[killed at the {limit} s limit]\n", None
+        # its own session, killed whole on the limit (its pytest-xdist workers, a notebook's
+        # kernel), so the GPU is free for the next step
+        from autograder.processes import run_logged
+        r = run_logged(cmd, cwd=REPO, env=self.env, timeout=limit)
+        code, text = r.returncode, r.output
+        if r.timed_out:
+            text += f"\n[killed at the {limit} s limit]\n"
         self.log.write(text)
         self.log.flush()
         return code, text
