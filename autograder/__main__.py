@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 from pathlib import Path
 
 
 def _limits(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--root", help="course root (default: the directory with nbgrader_config.py "
-                                  "and labs/ at or above the working directory)")
     p.add_argument("--cell-timeout", type=int, default=None,
                    help="seconds per cell (default: nbgrader_config.py's Execute.timeout)")
     p.add_argument("--notebook-timeout", type=int, default=None,
@@ -23,16 +22,19 @@ def _limits(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    root = argparse.ArgumentParser(add_help=False)
+    root.add_argument("--root", help="course root (default: the directory with "
+                                     "nbgrader_config.py and labs/ at or above the working one)")
+    add = functools.partial(sub.add_parser, parents=[root])
 
-    p = sub.add_parser("release", help="student versions of the labs -> build/release/<lab>/")
+    p = add("release", help="student versions of the labs -> build/release/<lab>/")
     p.add_argument("labs", nargs="*", help="lab folder names (default: every lab in labs/)")
     p.add_argument("--missing", action="store_true",
                    help="only labs not released yet (never overwrites a student's work)")
     p.add_argument("--exchange", type=Path, metavar="DIR",
                    help="also publish them to this nbgrader exchange (release_assignment)")
-    p.add_argument("--root")
 
-    p = sub.add_parser("collect", help="submissions from an nbgrader exchange or an LMS zip -> "
+    p = add("collect", help="submissions from an nbgrader exchange or an LMS zip -> "
                                        "build/submitted/<student>/<lab>/")
     p.add_argument("labs", nargs="*", help="labs (default with --exchange: every lab; with "
                                            "--zip: exactly one)")
@@ -42,21 +44,18 @@ def main(argv: list[str] | None = None) -> int:
                                      "(?P<student_id>) and (?P<file_id>) (default: Canvas's)")
     p.add_argument("--zip-dates", action="store_true",
                    help="each submission's time is its file's date in the zip (lateness)")
-    p.add_argument("--root")
 
-    p = sub.add_parser("deadline", help="a lab's due date (late work is penalised)")
+    p = add("deadline", help="a lab's due date (late work is penalised)")
     p.add_argument("lab")
     p.add_argument("due", help="e.g. '2026-12-04 17:00 UTC'")
-    p.add_argument("--root")
 
-    p = sub.add_parser("extend", help="more time for one student on one lab")
+    p = add("extend", help="more time for one student on one lab")
     p.add_argument("lab")
     p.add_argument("student")
     p.add_argument("--days", type=float, default=0)
     p.add_argument("--hours", type=float, default=0)
-    p.add_argument("--root")
 
-    p = sub.add_parser("grade", help="autograde DIR/<student>/<lab>/<lab>.ipynb into the gradebook,"
+    p = add("grade", help="autograde DIR/<student>/<lab>/<lab>.ipynb into the gradebook,"
                                      " build/grades.csv and build/feedback/")
     p.add_argument("submissions", help="directory of submissions: DIR/<student>/<lab>/<nb>.ipynb")
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
@@ -79,15 +78,14 @@ def main(argv: list[str] | None = None) -> int:
                         "the grader warms (autograder/compile_cache.py)")
     _limits(p)
 
-    p = sub.add_parser("report", help="after grading written answers by hand: build/grades.csv "
+    p = add("report", help="after grading written answers by hand: build/grades.csv "
                                       "and the feedback HTML again, from the gradebook")
     p.add_argument("labs", nargs="*", help="labs to write feedback for (default: every lab "
                                            "with a submission)")
-    p.add_argument("--root")
     p.add_argument("--feedback-with-hidden-tests", action="store_true",
                    help="show the hidden tests in the feedback (default: never)")
 
-    p = sub.add_parser("selfgrade", help="grade your own notebook (hidden tests included)")
+    p = add("selfgrade", help="grade your own notebook (hidden tests included)")
     p.add_argument("notebook")
     p.add_argument("--lab", help="lab folder name (default: from the notebook's name or folder)")
     p.add_argument("--keep", action="store_true", help="keep the temporary course to inspect it")
@@ -99,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "selfgrade":                 # a temporary course of its own: no lock
-            from .selfgrade import main_selfgrade
-            return main_selfgrade(args)
+            from .selfgrade import selfgrade
+            return 0 if selfgrade(args.notebook, lab=args.lab, root=args.root,
+                                  cell_timeout=args.cell_timeout,
+                                  notebook_timeout=args.notebook_timeout, mem_gb=args.mem_gb,
+                                  keep=args.keep, answers=args.answers)[1] else 1
         from .course import Course
         course = Course(args.root) if args.root else Course.find()
         # release, grade and report rewrite build/: one at a time (Course.lock)
@@ -142,14 +143,28 @@ def _run(args, course) -> int:
         return 0 if found else 1
     if args.cmd in ("deadline", "extend"):
         from . import deadlines
-        return (deadlines.main_deadline if args.cmd == "deadline" else deadlines.main_extend)(
-            args, course)
+        if args.cmd == "deadline":
+            due = deadlines.set_due(course, args.lab, args.due)
+            print(f"{args.lab} is due {due:%Y-%m-%d %H:%M} UTC; late work loses the share that "
+                  "nbgrader_config.py's PerDayPenalty sets")
+        else:
+            deadlines.extend(course, args.lab, args.student, days=args.days, hours=args.hours)
+            print(f"{args.student} has {args.days:g} day(s) {args.hours:g} hour(s) more for "
+                  f"{args.lab}")
+        return 0
     if args.cmd == "grade":
-        from .grade import main_grade
-        return main_grade(args, course)
+        from .grade import grade_submissions
+        return 0 if grade_submissions(
+            course, args.submissions, cell_timeout=args.cell_timeout,
+            notebook_timeout=args.notebook_timeout, mem_gb=args.mem_gb,
+            feedback=not args.no_feedback, workers=args.jobs, scheduler=args.scheduler,
+            sandbox=not args.no_sandbox, feedback_hidden_tests=args.feedback_with_hidden_tests,
+            compile_cache=not args.no_compile_cache, similarity=args.similarity,
+            similarity_archive=args.similarity_archive) else 1
     if args.cmd == "report":
-        from .grade import main_report
-        return main_report(args, course)
+        from .grade import report
+        report(course, args.labs or None, hidden_tests=args.feedback_with_hidden_tests)
+        return 0
     return 2
 
 

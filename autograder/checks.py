@@ -11,14 +11,7 @@ import torch
 
 from minillm.bench.timing import WorkCounter
 
-__all__ = ["assert_close", "within_tolerance", "WorkCounter"]
-
-
-def within_tolerance(actual: torch.Tensor, expected: torch.Tensor, *, atol: float,
-                     rtol: float) -> torch.Tensor:
-    """|actual - expected| <= atol + rtol * |expected|; NaN matches NaN, inf only itself."""
-    return torch.isclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True) | \
-        torch.eq(actual, expected)
+__all__ = ["assert_close", "WorkCounter"]
 
 
 def _describe(x) -> str:
@@ -72,7 +65,8 @@ def assert_close(actual: Any, expected: Any, *, atol: float = 1e-5, rtol: float 
     if a.numel() == 0:
         return
     a64, e64 = a.to(torch.float64), e.to(torch.float64)
-    ok = within_tolerance(a64, e64, atol=atol, rtol=rtol)
+    # |actual - expected| <= atol + rtol * |expected|; NaN matches NaN, inf only itself
+    ok = torch.isclose(a64, e64, rtol=rtol, atol=atol, equal_nan=True) | torch.eq(a64, e64)
     if bool(ok.all()):
         return
     bad = ~ok

@@ -110,38 +110,30 @@ class Course:
             os.close(fd)                # releases the lock
 
     def nbgrader(self, *args: str, log: Path | None = None, timeout: float | None = None,
-                 mem_bytes: int | None = None, env_extra: dict | None = None) -> RunResult:
+                 env_extra: dict | None = None) -> RunResult:
         cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={self.root}"]
         self.build.mkdir(parents=True, exist_ok=True)
-        return run_logged(cmd, cwd=self.root, log=log, timeout=timeout, mem_bytes=mem_bytes,
+        return run_logged(cmd, cwd=self.root, log=log, timeout=timeout,
                           env=subprocess_env(env_extra))
 
     def gradebook(self):
-        bindir = str(Path(sys.executable).parent)      # Gradebook runs `alembic` from PATH
-        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+        os.environ["PATH"] = subprocess_env()["PATH"]   # Gradebook runs `alembic` from PATH
         from nbgrader.api import Gradebook
         self.build.mkdir(parents=True, exist_ok=True)
         return Gradebook(self.db_url, "minillm")
 
-    def registered_labs(self) -> set[str]:
-        if not (self.build / "gradebook.db").is_file():
-            return set()
-        with self.gradebook() as gb:
-            return {a.name for a in gb.assignments}
-
-    def release(self, labs: list[str] | None = None, *, missing_only: bool = False,
-                log_dir: Path | None = None) -> list[str]:
+    def release(self, labs: list[str] | None = None, *, missing_only: bool = False) -> list[str]:
         """`nbgrader generate_assignment --force` for each lab; `missing_only`: unreleased ones."""
         labs = [self.check_lab(x) for x in labs] if labs else self.labs()
-        if missing_only:
-            registered = self.registered_labs()
+        if missing_only and (self.build / "gradebook.db").is_file():
+            with self.gradebook() as gb:
+                registered = {a.name for a in gb.assignments}
             labs = [x for x in labs if x not in registered or
                     not (self.release_dir(x) / f"{x}.ipynb").is_file()]
-        log_dir = log_dir or self.build / "logs"
         (self.build / "release").mkdir(parents=True, exist_ok=True)
         for lab in labs:
-            self.step("generate_assignment", lab, "--force", log=log_dir / f"release_{lab}.log",
+            self.step("generate_assignment", lab, "--force",
+                      log=self.build / "logs" / f"release_{lab}.log",
                       makes=self.release_dir(lab) / f"{lab}.ipynb")
         return labs
 
@@ -163,7 +155,7 @@ class Course:
     def autograde(self, student: str, lab: str, *, cell_timeout: int | None = None,
                   notebook_timeout: int | None = None, mem_bytes: int | None = None,
                   wall_timeout: float | None = None, sandbox: bool | None = None,
-                  compile_cache: bool = False, log_dir: Path | None = None) -> GradeRecord:
+                  compile_cache: bool = False) -> GradeRecord:
         """Build, execute and record the job of one submission in build/submitted (`sandbox`
         None: if this machine has one; `compile_cache`: warm the lab's and give a copy)."""
         from . import jobs
@@ -178,27 +170,22 @@ class Course:
             job["compile_cache"] = warm(self, lab)
         if wall_timeout:
             job["limits"]["wall_timeout"] = wall_timeout
-        return jobs.record(self, job, jobs.execute_job(job), log_dir=log_dir)
+        return jobs.record(self, job, jobs.execute_job(job))
 
-    def configured_cell_timeout(self) -> int:
+    def configured(self, name: str, default: int) -> int:
+        """`c.<name> = N` in nbgrader_config.py (Execute.timeout, GuardedExecute.notebook_timeout)."""
         text = (self.root / "nbgrader_config.py").read_text()
-        m = re.search(r"Execute\.timeout\s*=\s*(\d+)", text)
-        return int(m.group(1)) if m else 180
-
-    def configured_notebook_timeout(self) -> int:
-        text = (self.root / "nbgrader_config.py").read_text()
-        m = re.search(r"GuardedExecute\.notebook_timeout\s*=\s*(\d+)", text)
-        return int(m.group(1)) if m else 900
+        m = re.search(rf"\b{re.escape(name)}\s*=\s*(\d+)", text)
+        return int(m.group(1)) if m else default
 
     def zero_submission(self, student: str, lab: str) -> None:
         """Every autograded test of this submission scores zero (stale scores too)."""
-        from nbgrader.api import MissingEntry
         with self.gradebook() as gb:
             gb.update_or_create_student(student)
             sub = gb.update_or_create_submission(lab, student)
             for nb in sub.notebooks:
                 for grade in nb.grades:
-                    if _is_autograded(gb, grade, nb.name, lab, MissingEntry):
+                    if grade.cell.cell_type == "code":      # a test (no lab grades code by hand)
                         grade.auto_score = 0.0
                         grade.needs_manual_grade = False
             gb.db.commit()
@@ -215,7 +202,7 @@ class Course:
             for nb in sub.notebooks:
                 errors = _cell_errors(self.autograded(student, lab) / f"{nb.name}.ipynb")
                 for grade in nb.grades:
-                    auto = _is_autograded(gb, grade, nb.name, lab, MissingEntry)
+                    auto = grade.cell.cell_type == "code"
                     score = grade.manual_score if grade.manual_score is not None \
                         else grade.auto_score
                     out.append(CellScore(grade_id=grade.name, notebook=nb.name,
@@ -234,19 +221,18 @@ class Course:
             ids += [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
         return [x for x in ids if x]
 
-    def export_csv(self, path: Path | None = None, log_dir: Path | None = None) -> Path:
-        path = path or self.build / "grades.csv"
-        r = self.nbgrader("export", f"--to={path}",
-                          log=(log_dir or self.build / "logs") / "export.log", timeout=600)
+    def export_csv(self) -> Path:
+        path = self.build / "grades.csv"
+        r = self.nbgrader("export", f"--to={path}", log=self.build / "logs" / "export.log",
+                          timeout=600)
         if r.returncode != 0:
             raise RuntimeError(f"nbgrader export failed; log {r.log}:\n{_tail(r.output)}")
         return path
 
-    def generate_feedback(self, lab: str, log_dir: Path | None = None,
-                          hidden_tests: bool = False) -> RunResult:
+    def generate_feedback(self, lab: str, hidden_tests: bool = False) -> RunResult:
         hidden = {"AUTOGRADER_FEEDBACK_HIDDEN": "1"} if hidden_tests else None
         return self.nbgrader("generate_feedback", lab, "--force", timeout=600, env_extra=hidden,
-                             log=(log_dir or self.build / "logs") / f"feedback_{lab}.log")
+                             log=self.build / "logs" / f"feedback_{lab}.log")
 
 
 def lock_wait_seconds() -> float:
@@ -279,17 +265,6 @@ def _lock_holder(path: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         what = ["pid unknown"]
     return f"another autograder command ({', '.join(what)})"
-
-
-def _is_autograded(gb, grade, notebook: str, lab: str, MissingEntry) -> bool:
-    """A test cell: a code grade cell that is not also a solution cell."""
-    if grade.cell.cell_type != "code":
-        return False
-    try:
-        gb.find_solution_cell(grade.name, notebook, lab)
-        return False
-    except MissingEntry:
-        return True
 
 
 def _cell_errors(path: Path) -> dict[str, list[str]]:

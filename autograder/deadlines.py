@@ -65,15 +65,3 @@ def extend(course: Course, lab: str, student: str, *, days: float = 0, hours: fl
         gb.update_or_create_submission(lab, student,
                                        extension=timedelta(days=days, hours=hours) or None)
 
-
-def main_deadline(args, course: Course) -> int:
-    due = set_due(course, args.lab, args.due)
-    print(f"{args.lab} is due {due:%Y-%m-%d %H:%M} UTC; late work loses the share that "
-          "nbgrader_config.py's PerDayPenalty sets")
-    return 0
-
-
-def main_extend(args, course: Course) -> int:
-    extend(course, args.lab, args.student, days=args.days, hours=args.hours)
-    print(f"{args.student} has {args.days:g} day(s) {args.hours:g} hour(s) more for {args.lab}")
-    return 0

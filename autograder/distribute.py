@@ -1,6 +1,6 @@
 """Run grading jobs here, on a local thread pool, or on a Dask cluster (`run_jobs`). Every job
-gets one result, in order: `fn`'s dict or {"error": "<one line>"}. A job past `timeout` is
-abandoned, not killed (`fn` limits its own subprocess; this is a backstop).
+gets one result, in order: `fn`'s dict or {"error": "<one line>"}. `fn` limits its own
+subprocess (execute_job's wall clock), so nothing here times a job out.
 
 Dask (distributed 2026.8): a dead worker's task is re-run by the *scheduler* up to its
 allowed-failures (default 3; DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0 where it starts),
@@ -19,7 +19,6 @@ import traceback
 import uuid
 from typing import Any, Callable
 
-Job = Result = dict
 __all__ = ["run_jobs"]
 
 
@@ -30,28 +29,21 @@ def _one_line(text: str, limit: int = 500) -> str:
 
 def _describe(exc: BaseException, at: bool = True) -> str:
     """`ValueError: boom (at jobs.py:42)`."""
-    where = ""
     tb = traceback.extract_tb(exc.__traceback__) if at else None
-    if tb:
-        frame = tb[-1]
-        where = f" (at {os.path.basename(frame.filename)}:{frame.lineno})"
+    where = f" (at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno})" if tb else ""
     message = str(exc)
     return _one_line(f"{type(exc).__name__}{': ' + message if message else ''}{where}")
 
 
-def _fn_name(fn: Callable) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-
-
-def _call(fn: Callable[[Job], Result], job: Job) -> tuple[Result, float]:
+def _call(fn: Callable[[dict], dict], job: dict) -> tuple[dict, float]:
     """fn(job) and the seconds it took; an exception or a non-dict becomes {"error": ...}."""
-    t0 = time.monotonic()
+    t0, name = time.monotonic(), getattr(fn, "__qualname__", repr(fn))
     try:
         out = fn(job)
         if not isinstance(out, dict):
-            out = {"error": f"{_fn_name(fn)} returned {type(out).__name__}, not a dict"}
+            out = {"error": f"{name} returned {type(out).__name__}, not a dict"}
     except (Exception, SystemExit) as e:  # KeyboardInterrupt still stops a plain loop
-        out = {"error": f"{_fn_name(fn)} raised {_describe(e)}"}
+        out = {"error": f"{name} raised {_describe(e)}"}
     return out, time.monotonic() - t0
 
 
@@ -64,20 +56,12 @@ def _label(job: Any, i: int) -> str:
 class _Results:
     """One slot per job, filled once (a late second answer is dropped); logs each."""
 
-    def __init__(self, jobs: list[Job], log: Callable[[str], Any],
-                 on_result: Callable[[int, Result], Any] = lambda i, result: None):
+    def __init__(self, jobs: list[dict], log, on_result):
         self.jobs, self.log, self.on_result = jobs, log, on_result
-        self.slots: list[Result | None] = [None] * len(jobs)
+        self.slots: list[dict | None] = [None] * len(jobs)
         self.count = 0
 
-    @property
-    def complete(self) -> bool:
-        return self.count == len(self.jobs)
-
-    def is_set(self, i: int) -> bool:
-        return self.slots[i] is not None
-
-    def set(self, i: int, result: Result, where: str, seconds: float | None) -> None:
+    def set(self, i: int, result: dict, where: str, seconds: float | None) -> None:
         if self.slots[i] is not None:
             return
         self.slots[i] = result
@@ -92,74 +76,8 @@ class _Results:
         self.on_result(i, result)
 
 
-def _drain(res: _Results, events: queue.SimpleQueue, timeout: float | None,
-           on_done: Callable[[int, Any], None], on_expired: Callable[[int], None],
-           on_settled: Callable[[], None] = lambda: None) -> None:
-    """Consume ("start"|"done", i, payload) events until every slot is set, expiring jobs."""
-    started: dict[int, tuple[float, str]] = {}
-    while not res.complete:
-        wait = None
-        if timeout is not None:
-            now = time.monotonic()
-            expired = [i for i, (t, _) in started.items()
-                       if now - t >= timeout and not res.is_set(i)]
-            for i in expired:
-                t, where = started.pop(i)
-                res.set(i, {"error": f"timed out: still running after {timeout:g} s on worker "
-                                     f"{where} (abandoned)"}, where, now - t)
-                on_expired(i)
-                on_settled()
-            if expired:
-                continue
-            deadlines = [t + timeout for i, (t, _) in started.items() if not res.is_set(i)]
-            if deadlines:
-                wait = max(0.0, min(deadlines) - now)
-        try:
-            kind, i, payload = events.get(timeout=wait)
-        except queue.Empty:
-            continue
-        if res.is_set(i):
-            continue  # late answer of an abandoned job
-        if kind == "start":
-            started[i] = (time.monotonic(), payload)  # a re-run (worker died) restarts the clock
-        else:
-            started.pop(i, None)
-            on_done(i, payload)
-            on_settled()
-
-
-def _run_threads(fn, jobs: list[Job], workers: int, timeout: float | None, res: _Results) -> None:
-    # daemon threads, not a pool: a pool joins at exit and a hung `fn` would keep its slot
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    active: set[int] = set()
-    next_job = 0
-
-    def target(i: int) -> None:
-        events.put(("start", i, "local"))
-        try:
-            out, secs = _call(fn, jobs[i])
-        except BaseException as e:  # whatever happens, the batch hears back from this job
-            out, secs = {"error": f"{_fn_name(fn)} raised {_describe(e)}"}, None
-        events.put(("done", i, (out, secs)))
-
-    def start_more() -> None:
-        nonlocal next_job
-        for i in list(active):
-            if res.is_set(i):
-                active.discard(i)
-        while len(active) < workers and next_job < len(jobs):
-            threading.Thread(target=target, args=(next_job,), daemon=True,
-                             name=f"run_jobs-{next_job}").start()
-            active.add(next_job)
-            next_job += 1
-
-    start_more()
-    _drain(res, events, timeout, lambda i, done: res.set(i, done[0], "local", done[1]),
-           on_expired=lambda i: None, on_settled=start_more)
-
-
-def _run_on_worker(fn, job: Job, topic: str, index: int, attempt: int) -> dict:
-    """On a Dask worker: announce the start (timeout, re-queueing), then run fn."""
+def _run_on_worker(fn, job: dict, topic: str, index: int, attempt: int) -> dict:
+    """On a Dask worker: announce the start (re-queueing), then run fn."""
     from distributed import get_client, get_worker
 
     worker = get_worker()
@@ -177,25 +95,20 @@ def _run_on_worker(fn, job: Job, topic: str, index: int, attempt: int) -> dict:
 _MAX_REQUEUES = 2        # resubmissions of a job whose worker died before it started
 
 
-def _run_dask(fn, jobs: list[Job], scheduler: str, timeout: float | None, res: _Results,
-              log) -> None:
+def _run_dask(fn, jobs: list[dict], scheduler: str, res: _Results, log) -> None:
     from concurrent.futures import CancelledError as StdCancelledError
 
     from distributed import Client, KilledWorker
 
     token = uuid.uuid4().hex[:12]
     topic = f"autograder-job-start-{token}"
-    events: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue = queue.SimpleQueue()
     attempt = [0] * len(jobs)
     futures: list = [None] * len(jobs)
     started: dict[tuple[int, int], float] = {}  # (job, attempt) -> when it started
 
     def on_start(event) -> None:  # on the client's event-loop thread
-        msg = event[1]
-        i, a = int(msg["index"]), int(msg["attempt"])
-        started[(i, a)] = time.monotonic()
-        if a == attempt[i]:
-            events.put(("start", i, str(msg["worker"])))
+        started[(int(event[1]["index"]), int(event[1]["attempt"]))] = time.monotonic()
 
     with Client(scheduler, set_as_default=False) as client:
         with contextlib.suppress(Exception):
@@ -213,11 +126,9 @@ def _run_dask(fn, jobs: list[Job], scheduler: str, timeout: float | None, res: _
             fut = client.submit(_run_on_worker, fn, jobs[i], topic, i, attempt[i],
                                 key=f"grade-job-{i}-{attempt[i]}-{token}", pure=False, retries=0)
             futures[i] = fut
-            fut.add_done_callback(lambda f, i=i: events.put(("done", i, f)))
+            fut.add_done_callback(lambda f, i=i: done.put((i, f)))
 
         def on_done(i: int, fut) -> None:
-            if fut is not futures[i]:
-                return  # an earlier attempt
             try:
                 payload = fut.result()
                 res.set(i, payload["result"], payload["worker"], payload["seconds"])
@@ -249,46 +160,50 @@ def _run_dask(fn, jobs: list[Job], scheduler: str, timeout: float | None, res: _
             finally:
                 fut.release()  # the executed notebook need not stay in the worker's memory
 
-        def on_expired(i: int) -> None:
-            with contextlib.suppress(Exception):
-                client.cancel([futures[i]])
-
         for i in range(len(jobs)):
             submit(i)
         try:
-            _drain(res, events, timeout, on_done, on_expired)
+            while res.count < len(jobs):
+                i, fut = done.get()
+                if fut is futures[i]:           # else an earlier attempt
+                    on_done(i, fut)
         finally:
             with contextlib.suppress(Exception):
                 client.unsubscribe_topic(topic)
 
 
-def run_jobs(fn: Callable[[Job], Result], jobs: list[Job], *, workers: int = 1,
+def run_jobs(fn: Callable[[dict], dict], jobs: list[dict], *, workers: int = 1,
              scheduler: str | None = None, log: Callable[[str], Any] = print,
-             timeout: float | None = None,
-             on_result: Callable[[int, Result], Any] = lambda i, result: None) -> list[Result]:
+             on_result: Callable[[int, dict], Any] = lambda i, result: None) -> list[dict]:
     """``fn(job)`` for every job, in order: on the Dask `scheduler`, else `workers` at a time.
     `on_result(i, result)` hears of each as it comes (in this thread: keep it quick)."""
     jobs = list(jobs)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
     res = _Results(jobs, log, on_result)
-    if not jobs:
-        return []
-    if scheduler:
-        _run_dask(fn, jobs, scheduler, timeout, res, log)
-    elif workers == 1 and timeout is None:
+    if scheduler and jobs:
+        _run_dask(fn, jobs, scheduler, res, log)
+    elif workers == 1:                  # a plain loop: Ctrl-C reaches the running job
         for i, job in enumerate(jobs):
             out, secs = _call(fn, job)
             res.set(i, out, "local", secs)
-    else:
-        _run_threads(fn, jobs, workers, timeout, res)
-    assert res.complete
+    else:       # daemon threads, not a pool: a pool joins at exit, Ctrl-C would wait for every job
+        done: queue.SimpleQueue = queue.SimpleQueue()
+
+        def start(i: int) -> None:
+            threading.Thread(target=lambda: done.put((i, *_call(fn, jobs[i]))), daemon=True,
+                             name=f"run_jobs-{i}").start()
+        for i in range(min(workers, len(jobs))):
+            start(i)
+        for n in range(len(jobs)):
+            i, out, secs = done.get()
+            res.set(i, out, "local", secs)
+            if n + workers < len(jobs):
+                start(n + workers)
     return list(res.slots)  # type: ignore[arg-type]
 
 
-def _echo_job(job: Job) -> Result:
+def _echo_job(job: dict) -> dict:
     """Self-test executor (the tests, smoke-testing a cluster); "exit" is os._exit."""
     start = time.time()
     if job.get("pidfile"):

@@ -15,10 +15,12 @@ from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Any, Dict, Integer, Unicode
+from traitlets import Any, Dict, Integer
 
-KERNEL_PRELUDE = ("import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko\n"
-                  "import autograder.steady_malloc as _sm\n_sm.steady()\ndel _sm")
+# run silently in the kernel before the first cell (a failure is logged, not fatal)
+SETUP_CODE = ("import autograder.kernel_output as _ko\n_ko.no_drop()\ndel _ko\n"
+              "import autograder.steady_malloc as _sm\n_sm.steady()\ndel _sm\n"
+              "import autograder.cores as _c\n_c.restore_torch_threads()\ndel _c")
 IOPUB_TIMEOUT_MESSAGE = "Timeout waiting for IOPub output"     # nbclient's
 INTERRUPTED_OUTPUT_S = 4     # an interrupted kernel that does not go idle by then is unresponsive
 
@@ -50,10 +52,6 @@ class GuardedExecute(Execute):
     notebook_timeout = Integer(
         900, help="Seconds the whole notebook may run (0 = no limit); cells that would start "
                   "later are not run and score zero.").tag(config=True)
-    setup_code = Unicode(
-        "import autograder.cores as _c\n_c.restore_torch_threads()\ndel _c",
-        help="Run silently in the kernel before the first cell (a failure is logged, not "
-             "fatal).").tag(config=True)
 
     sandbox = Any(None, help="autograder.sandbox.SandboxSpec: run the kernel in this sandbox")
     tester = Any(None, help="autograder.tester.TesterProcess: runs the hidden tests apart")
@@ -94,14 +92,11 @@ class GuardedExecute(Execute):
     setup_error = None                  # why setup_code failed in the kernel, if it did
 
     def _run_setup(self) -> None:
-        if not self.setup_code.strip():
-            return
         cell_timeout = self.timeout
-        code = f"{KERNEL_PRELUDE}\n{self.setup_code}"
         try:
             # imports torch and the course: the kernel's start-up allowance, not one cell's
             self.timeout = max(cell_timeout or 0, self.startup_timeout or 0) or None
-            msg_id = self.kc.execute(code, silent=True, store_history=False)
+            msg_id = self.kc.execute(SETUP_CODE, silent=True, store_history=False)
             reply = self.wait_for_reply(msg_id)
             if reply is None or reply["content"].get("status") != "ok":
                 content = (reply or {}).get("content", {})

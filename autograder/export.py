@@ -17,12 +17,6 @@ COLUMNS = ["assignment", "duedate", "timestamp", "seconds_late", "student_id", "
            "to_grade_by_hand", "similarity", "similar_to"]
 
 
-def waiting_for_a_grader(grade) -> bool:
-    """A written answer with a response that no grader has scored yet."""
-    return grade.cell.cell_type == "markdown" and grade.auto_score is None \
-        and grade.manual_score is None
-
-
 def split_scores(submission) -> dict:
     auto = auto_max = written = written_max = 0.0
     waiting = 0
@@ -31,7 +25,7 @@ def split_scores(submission) -> dict:
             got = g.score or 0.0
             if g.cell.cell_type == "markdown":
                 written, written_max = written + got, written_max + g.max_score
-                waiting += waiting_for_a_grader(g)
+                waiting += g.auto_score is None and g.manual_score is None   # no grader yet
             else:
                 auto, auto_max = auto + got, auto_max + g.max_score
     return {"auto_score": auto, "auto_max_score": auto_max, "written_score": written,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import queue
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,17 +23,17 @@ def find_submissions(course: Course, subdir: Path, log=print) -> list[tuple[str,
     found = []
     if not subdir.is_dir():
         raise FileNotFoundError(f"no submissions directory {subdir}")
-    for sdir in sorted(p for p in subdir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    def folders(parent: Path):
+        for p in sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if p.is_symlink():
+                log(f"skipping {p}: a symbolic link (submissions are read as plain folders)")
+            else:
+                yield p
+    for sdir in folders(subdir):
         if not STUDENT_RE.match(sdir.name):
             log(f"skipping {sdir}: student ids may only use letters, digits and _ . @ -")
             continue
-        if sdir.is_symlink():
-            log(f"skipping {sdir}: a symbolic link (submissions are read as plain folders)")
-            continue
-        for ldir in sorted(p for p in sdir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if ldir.is_symlink():
-                log(f"skipping {ldir}: a symbolic link (submissions are read as plain folders)")
-                continue
+        for ldir in folders(sdir):
             if ldir.name not in labs:
                 log(f"skipping {ldir}: {ldir.name!r} is not a lab of this course {sorted(labs)}")
                 continue
@@ -69,7 +68,7 @@ def resolve_mem_bytes(mem_gb: float | None, log=print) -> int | None:
 
 def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int | None = None,
                       notebook_timeout: int | None = None, mem_gb: float | None = None,
-                      feedback: bool = True, csv: bool = True, workers: int = 1,
+                      feedback: bool = True, workers: int = 1,
                       scheduler: str | None = None, sandbox: bool = True,
                       feedback_hidden_tests: bool = False, compile_cache: bool = True,
                       similarity: bool = False, similarity_archive: Path | None = None,
@@ -144,18 +143,24 @@ def grade_submissions(course: Course, subdir: str | Path, *, cell_timeout: int |
     if similarity:                      # before the CSV, which shows the matches
         from .similarity import compare
         compare(course, labs, similarity_archive, log)
-    if csv:
-        log(f"grades: {course.export_csv()}")
-    if feedback:
-        for lab in labs:
-            r = course.generate_feedback(lab, hidden_tests=feedback_hidden_tests)
-            if r.returncode != 0:
-                log(f"warning: generate_feedback {lab} failed, see {r.log}")
-        log(f"feedback: {course.build / 'feedback'}/<student>/<lab>/<lab>.html")
+    _publish(course, labs if feedback else [], feedback_hidden_tests, log, strict=False)
     log(f"batch: {len(records)} submission(s) in {time.monotonic() - t0:.0f} s")
     log("")
     log(format_table(records, course))
     return records
+
+
+def _publish(course: Course, labs: list[str], hidden_tests: bool, log, strict: bool) -> None:
+    """build/grades.csv and the feedback of `labs` (a failed step: an error if `strict`)."""
+    log(f"grades: {course.export_csv()}")
+    for lab in labs:
+        r = course.generate_feedback(lab, hidden_tests=hidden_tests)
+        if r.returncode != 0 and strict:
+            raise RuntimeError(f"generate_feedback {lab} failed, see {r.log}")
+        if r.returncode != 0:
+            log(f"warning: generate_feedback {lab} failed, see {r.log}")
+    if labs:
+        log(f"feedback: {course.build / 'feedback'}/<student>/<lab>/<lab>.html ({', '.join(labs)})")
 
 
 def _record_all(course: Course, jobs: list[dict], results: queue.SimpleQueue, records: dict,
@@ -215,12 +220,7 @@ def report(course: Course, labs: list[str] | None = None, *, hidden_tests: bool 
     """build/grades.csv, the feedback and the table again from the gradebook as it is now."""
     graded = sorted({p.parent.name for p in course.build.glob("autograded/*/*/*.ipynb")})
     labs = [course.check_lab(lab) for lab in labs] if labs else graded
-    log(f"grades: {course.export_csv()}")
-    for lab in labs:
-        r = course.generate_feedback(lab, hidden_tests=hidden_tests)
-        if r.returncode != 0:
-            raise RuntimeError(f"generate_feedback {lab} failed, see {r.log}")
-    log(f"feedback: {course.build / 'feedback'}/<student>/<lab>/<lab>.html ({', '.join(labs)})")
+    _publish(course, labs, hidden_tests, log, strict=True)
     records = []
     for d in sorted(course.build.glob("autograded/*/*")):
         if d.is_dir() and d.name in labs:
@@ -230,25 +230,3 @@ def report(course: Course, labs: list[str] | None = None, *, hidden_tests: bool 
     log("")
     log(format_table(records, course))
 
-
-def main_report(args, course: Course | None = None) -> int:
-    course = course or (Course(args.root) if args.root else Course.find())
-    report(course, args.labs or None, hidden_tests=args.feedback_with_hidden_tests)
-    return 0
-
-
-def main_grade(args, course: Course | None = None) -> int:
-    course = course or (Course(args.root) if args.root else Course.find())
-    records = grade_submissions(course, args.submissions, cell_timeout=args.cell_timeout,
-                                notebook_timeout=args.notebook_timeout, mem_gb=args.mem_gb,
-                                feedback=not args.no_feedback, workers=args.jobs,
-                                scheduler=args.scheduler, sandbox=not args.no_sandbox,
-                                feedback_hidden_tests=args.feedback_with_hidden_tests,
-                                compile_cache=not args.no_compile_cache,
-                                similarity=args.similarity,
-                                similarity_archive=args.similarity_archive)
-    return 0 if records else 1
-
-
-if __name__ == "__main__":
-    sys.exit("use: python -m autograder grade DIR")

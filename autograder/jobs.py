@@ -83,14 +83,6 @@ def unpack_files(files: dict[str, str], dest: Path) -> None:
         path.write_bytes(base64.b64decode(data))
 
 
-def install_compile_cache(files: dict[str, str], folder: Path) -> dict[str, str]:
-    """Write a job's compile cache into `folder`; the environment pointing Inductor there."""
-    if not files:
-        return {}
-    unpack_files(files, folder)
-    return {COMPILE_CACHE_ENV: str(folder)}
-
-
 def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None,
               notebook_timeout: int | None = None, mem_bytes: int | None = None,
               sandbox: bool = True) -> dict:
@@ -98,9 +90,10 @@ def build_job(course, student: str, lab: str, *, cell_timeout: int | None = None
     job = {"student": student, "lab": lab, "notebooks": {}, "files": {}, "plans": {},
            "withheld": {}, "tester_files": pack_files(course.release_dir(lab)),
            "sandbox": sandbox,
-           "limits": {"cell_timeout": cell_timeout or course.configured_cell_timeout(),
+           "limits": {"cell_timeout": cell_timeout or
+                      course.configured("Execute.timeout", 180),
                       "notebook_timeout": notebook_timeout or
-                      course.configured_notebook_timeout(),
+                      course.configured("GuardedExecute.notebook_timeout", 900),
                       "mem_bytes": mem_bytes}}
     folder = course.submitted(student, lab)
     try:
@@ -134,10 +127,10 @@ def execute_job(job: dict) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="autograder_job_"))
     try:
         (tmp / "job.json").write_text(json.dumps(job))
-        threads = lim.get("thread_env") or {}
         r = run_logged([sys.executable, "-m", "autograder.jobs", str(tmp)], cwd=tmp,
                        log=tmp / "job.log", timeout=wall, mem_bytes=lim.get("mem_bytes"),
-                       env=subprocess_env(threads) if threads else None, cpus=lim.get("cpus"))
+                       env=subprocess_env(lim["thread_env"]) if lim.get("thread_env") else None,
+                       cpus=lim.get("cpus"))
         log = r.output[-6000:]
         if r.timed_out:
             return {"error": f"killed after {wall:.0f} s", "killed": True,
@@ -273,7 +266,8 @@ def _execute_notebook(nb, base: Path, job: dict, log, plan: dict) -> dict:
     home.mkdir()
     unpack_files(job.get("tester_files") or {}, home)
     course, links = withheld.build(job.get("withheld") or {}, job["lab"], base / "course")
-    cache_env = install_compile_cache(job.get("compile_cache") or {}, base / "compile_cache")
+    cache_env = {COMPILE_CACHE_ENV: str(base / "compile_cache")} if job.get("compile_cache") else {}
+    unpack_files(job.get("compile_cache") or {}, base / "compile_cache")
     tester = TesterProcess(socket_path, cwd=str(home), env=dict(os.environ))   # the real course
     kw = {}
     if job.get("sandbox"):
@@ -353,7 +347,7 @@ def status_of(result: dict) -> str:
     return "ok"
 
 
-def record(course, job: dict, result: dict, *, log_dir: Path | None = None):
+def record(course, job: dict, result: dict):
     """nbgrader autograde with the executed notebooks replayed; the GradeRecord."""
     import nbformat
 
@@ -365,7 +359,7 @@ def record(course, job: dict, result: dict, *, log_dir: Path | None = None):
     dest.mkdir(parents=True)
     for name, text in result.get("notebooks", {}).items():
         nbformat.write(nbformat.reads(text, as_version=4), str(dest / f"{name}.ipynb"))
-    log_dir = log_dir or course.build / "logs"
+    log_dir = course.build / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     status = status_of(result)
     if job.get("rejected"):             # nothing nbgrader could read: zeros, no replay

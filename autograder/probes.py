@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["probe", "PROBES", "fresh_model", "working_model", "connection"]
+__all__ = ["probe", "PROBES", "shipped_model", "fresh_model", "working_model", "connection"]
 
 PROBES: dict = {}        # "module:qualname" -> the probe's own function
 _CONNECTION = None       # (tester) the kernel of the running test: tester.Kernel
@@ -32,13 +32,18 @@ _PRISTINE: dict = {}
 _WORKING: dict = {}
 
 
-def fresh_model(name: str = "target"):
-    """A fresh copy of a shipped checkpoint (loaded once per process)."""
-    import copy
+def shipped_model(name: str = "target"):
+    """A shipped checkpoint, loaded once per process (the checks' baselines: not to change)."""
     if name not in _PRISTINE:
         import minillm
         _PRISTINE[name] = minillm.load(name)
-    return copy.deepcopy(_PRISTINE[name])
+    return _PRISTINE[name]
+
+
+def fresh_model(name: str = "target"):
+    """A fresh copy of a shipped checkpoint."""
+    import copy
+    return copy.deepcopy(shipped_model(name))
 
 
 def working_model(name: str = "target"):

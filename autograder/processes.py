@@ -5,6 +5,7 @@ counts the PROT_NONE reservations of CUDA, glibc arenas and stacks and breaks `i
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -25,21 +26,15 @@ def package_parent() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def tree_sha256(folder: Path, pattern: str = "*", digest=None):
-    """A SHA-256 (`digest`, updated and returned) of the paths and bytes under `folder`."""
-    import hashlib
-    digest = digest or hashlib.sha256()
-    for p in sorted(x for x in Path(folder).rglob(pattern) if x.is_file()):
-        digest.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes())
-    return digest
-
-
 def packages_sha256(packages) -> str:
+    """A SHA-256 of the paths and bytes of the packages' .py files."""
     import hashlib
     digest = hashlib.sha256()
     for pkg in packages:
+        folder = package_parent() / pkg
         digest.update(pkg.encode() + b"\0")
-        tree_sha256(package_parent() / pkg, "*.py", digest)
+        for p in sorted(x for x in folder.rglob("*.py") if x.is_file()):
+            digest.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes())
     return digest.hexdigest()
 
 
@@ -81,16 +76,15 @@ def limits_preexec(mem_bytes: int | None, cpus: list[int] | None = None):
 
 def kill_tree(pid: int) -> None:
     """SIGKILL a process, its group and its descendants (the kernel has a session of its own)."""
-    with contextlib.suppress(ImportError):                # psutil comes with ipykernel
-        import psutil
-        try:
-            parent = psutil.Process(pid)
-            procs = parent.children(recursive=True) + [parent]
-        except psutil.NoSuchProcess:
-            procs = []
-        for p in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
+    import psutil  # comes with ipykernel
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
@@ -143,16 +137,14 @@ _PROBE = ("import torch, autograder\n"
           "if torch.cuda.is_available():\n"
           "    torch.ones(1, device='cuda'); torch.cuda.synchronize()\n"
           "print('probe ok')\n")
-_probe_cache: dict[int, bool] = {}
 
 
+@functools.lru_cache(maxsize=None)
 def memory_limit_works(mem_bytes: int) -> bool:
     """Does `import torch` (and CUDA init, if present) work under RLIMIT_DATA = mem_bytes?"""
-    if mem_bytes not in _probe_cache:
-        r = run_logged([sys.executable, "-c", _PROBE], cwd=Path(tempfile.gettempdir()),
-                       timeout=300, mem_bytes=mem_bytes)
-        _probe_cache[mem_bytes] = r.returncode == 0 and "probe ok" in r.output
-    return _probe_cache[mem_bytes]
+    r = run_logged([sys.executable, "-c", _PROBE], cwd=Path(tempfile.gettempdir()),
+                   timeout=300, mem_bytes=mem_bytes)
+    return r.returncode == 0 and "probe ok" in r.output
 
 
 def default_mem_bytes() -> int:

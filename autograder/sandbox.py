@@ -96,12 +96,6 @@ class SandboxSpec:
         self.rw_paths = [Path(p).resolve() for p in self.rw_paths]
         self.env = {str(k): str(v) for k, v in self.env.items()}
 
-    @classmethod
-    def default(cls, workdir: Path, runtime_dir: Path,
-                home: Path = Path("/tmp/home")) -> SandboxSpec:
-        return cls(workdir=workdir, runtime_dir=runtime_dir, ro_paths=default_ro_paths(),
-                   env=default_env(home))
-
 
 def default_ro_paths() -> list[Path]:
     """System directories, Python, the virtualenv, the course's packages and <repo>/data."""
@@ -208,13 +202,8 @@ class SandboxKernelManager(AsyncKernelManager):
     kernel inside, not to bwrap: bwrap does not forward them, and SIGINT would kill it."""
 
     sandbox = Instance(SandboxSpec, allow_none=True, help="the sandbox the kernel runs in")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.transport = "ipc"
-        self.cache_ports = False
-        self._active_spec: SandboxSpec | None = None
-        self._filter_fd: int | None = None
+    _active_spec: SandboxSpec | None = None     # `sandbox` with the kernel's own variables
+    _filter_fd: int | None = None               # syscall_filter's program, until bwrap reads it
 
     async def _async_pre_start_kernel(self, **kw):
         if reason := sandbox_unavailable_reason():

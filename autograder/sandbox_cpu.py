@@ -37,14 +37,10 @@ def _status(pid: int) -> dict[str, str]:
         return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
 
 
-def _ns_depth(pid: int) -> int:
-    return len(_status(pid).get("NSpid", "").split())
-
-
 def sandbox_root(pid: int) -> int:
     """The first process of `pid`'s PID namespace if it is below this process's, else `pid`."""
-    mine = _ns_depth(os.getpid())
-    if _ns_depth(pid) <= mine:
+    mine = len(_status(os.getpid()).get("NSpid", "").split())
+    if len(_status(pid).get("NSpid", "").split()) <= mine:
         return pid
     current = pid
     while True:
@@ -84,12 +80,8 @@ def _fine_ns(pid: int) -> int:
 class SandboxMeter:
     """CPU seconds of the processes of a kernel's sandbox."""
 
-    def __init__(self, pid: int):
-        self.root = sandbox_root(pid)
-
-    @classmethod
-    def of_peer(cls, conn: socket.socket) -> "SandboxMeter":
-        return cls(peer_pid(conn))
+    def __init__(self, conn: socket.socket):
+        self.root = sandbox_root(peer_pid(conn))     # the process that connected `conn`
 
     def processes(self) -> list[int]:
         seen, todo = [], [self.root]
@@ -100,21 +92,14 @@ class SandboxMeter:
                 todo += _children(pid)
         return seen
 
-    def read(self) -> tuple[float, float]:
-        fine = coarse = 0
+    def read(self, coarse: bool = True) -> tuple[float, float]:
+        """(fine, coarse) seconds; coarse=False: the fine clock alone (read twice per timed call)."""
+        fine = ticks = 0
         for pid in self.processes():
             with contextlib.suppress(*_GONE):   # ended while read: its parent's cutime has it
                 fine += _fine_ns(pid)
-                coarse += _coarse_ticks(pid)
-        return fine * 1e-9, coarse * TICK_S
-
-    def seconds(self) -> float:
-        """The fine clock alone (read twice per timed call)."""
-        fine = 0
-        for pid in self.processes():
-            with contextlib.suppress(*_GONE):
-                fine += _fine_ns(pid)
-        return fine * 1e-9
+                ticks += _coarse_ticks(pid) if coarse else 0
+        return fine * 1e-9, ticks * TICK_S
 
     def check(self, before: tuple[float, float], after: tuple[float, float]) -> None:
         fine, coarse = after[0] - before[0], after[1] - before[1]
@@ -131,5 +116,5 @@ def cpu_clock(meter_of):
 
     def clock() -> float:
         meter = meter_of()
-        return process_time() + (meter.seconds() if meter is not None else 0.0)
+        return process_time() + (meter.read(coarse=False)[0] if meter is not None else 0.0)
     return clock

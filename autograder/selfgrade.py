@@ -132,9 +132,3 @@ def show_answers(notebook: Path, source: Path, log=print) -> int:
         log("\n".join("    " + line for line in a["model"].splitlines()))
     return shown
 
-
-def main_selfgrade(args) -> int:
-    _, full = selfgrade(args.notebook, lab=args.lab, root=args.root,
-                        cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
-                        mem_gb=args.mem_gb, keep=args.keep, answers=args.answers)
-    return 0 if full else 1

@@ -190,7 +190,7 @@ class Tester:
                 conn, _ = self.listener.accept()
         conn.settimeout(max(1.0, deadline - time.monotonic()))
         try:
-            self.meter = SandboxMeter.of_peer(conn)
+            self.meter = SandboxMeter(conn)
         except (OSError, ValueError, KeyError) as e:
             self.meter = None       # the speed checks then refuse: uncounted work looks free
             print(f"tester: cannot read the kernel's CPU time: {e}", file=sys.stderr)

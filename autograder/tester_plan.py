@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 
-__all__ = ["tester_plan", "withheld_of", "authoring_problems", "bound_names", "free_names",
-           "hidden_lines", "to_python", "HIDDEN_BEGIN", "HIDDEN_END"]
+__all__ = ["tester_plan", "withheld_of", "bound_names", "free_names", "hidden_lines",
+           "to_python", "HIDDEN_BEGIN", "HIDDEN_END"]
 
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
@@ -20,7 +20,7 @@ def tester_plan(source_nb) -> dict:
         m = c.metadata.get("nbgrader", {})
         if c.cell_type != "code" or (m.get("locked") and m.get("grade")):
             continue
-        bound = bound_names(c.source) - imported_names(c.source)
+        bound = bound_names(c.source, imports=False)
         if not m.get("locked"):
             names |= bound
         elif (free_names(c.source) or set()) & names and not defines_only(c.source):
@@ -37,25 +37,6 @@ def withheld_of(source_nb) -> dict[str, str]:
         raise ValueError("the notebook's autograder.withheld must map \"module:qualname\" to "
                          "the name the student writes")
     return dict(found)
-
-
-def authoring_problems(source_nb) -> list[str]:
-    """A test cell must not bind a name a later cell reads: it would exist only in the tester."""
-    problems, tests = [], {}
-    for c in source_nb.cells:
-        m = c.metadata.get("nbgrader", {})
-        if c.cell_type != "code":
-            continue
-        if m.get("locked") and m.get("grade"):
-            for n in bound_names(c.source):
-                tests[n] = m.get("grade_id", "?")
-            continue
-        for n in sorted((free_names(c.source) or set()) & set(tests)):
-            problems.append(f"{m.get('grade_id') or 'a free cell'} reads {n}, which the test "
-                            f"{tests[n]} binds: bind it in a cell that is not a test")
-        for n in bound_names(c.source):
-            tests.pop(n, None)
-    return problems
 
 
 def to_python(source: str) -> str:
@@ -99,19 +80,14 @@ def defines_only(source: str) -> bool:
         for n in tree.body)
 
 
-def imported_names(source: str) -> set[str]:
-    """Top-level names a cell binds by importing (a test's modules never come from the kernel)."""
-    tree = _parse(source)
-    return set() if tree is None else {
-        (a.asname or a.name).split(".")[0] for node in tree.body
-        if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
-
-
-def bound_names(source: str) -> set[str]:
-    """Top-level names a cell binds: assignments, imports, defs, classes, for/with targets."""
+def bound_names(source: str, imports: bool = True) -> set[str]:
+    """Top-level names a cell binds: assignments, defs, classes, for/with targets and imports
+    (not top-level ones unless `imports`: a test's modules never come from the kernel)."""
     tree = _parse(source)
     names: set[str] = set()
     for node in tree.body if tree is not None else []:
+        if not imports and isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
             continue

@@ -12,18 +12,13 @@ from minillm.bench import timing as _timing
 
 __all__ = ["RatioResult", "time_ratio", "check_ratio", "cuda_sync"]
 
-_time_interleaved = _timing.time_interleaved
-_cpu_time_interleaved = _timing.cpu_time_interleaved
-_median = _timing.median
-_ratio = _timing.ratio
-_cuda_synchronize = torch.cuda.synchronize
-_cuda_is_available = torch.cuda.is_available
+_cpu_time_interleaved = _timing.cpu_time_interleaved     # the tester's counts its kernel too
 
 
 def cuda_sync() -> None:
-    """torch.cuda.synchronize as imported (no-op without CUDA), for `sync=` on GPU work."""
-    if _cuda_is_available():
-        _cuda_synchronize()
+    """torch.cuda.synchronize (no-op without CUDA), for `sync=` on GPU work."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 @dataclass(frozen=True)
@@ -48,11 +43,12 @@ def time_ratio(baseline: Callable[[], object], candidate: Callable[[], object], 
     sleeping costs nothing); with `sync` (GPU work, called inside the timing), wall-clock."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    timer = _time_interleaved if sync is not None else _cpu_time_interleaved
+    timer = _timing.time_interleaved if sync is not None else _cpu_time_interleaved
     times = timer({"baseline": baseline, "candidate": candidate}, warmup=warmup,
                   repeats=repeats, sync=sync)
     b, c = times["baseline"], times["candidate"]
-    return RatioResult(ratio=_ratio(b, c), baseline_s=_median(b), candidate_s=_median(c),
+    return RatioResult(ratio=_timing.ratio(b, c), baseline_s=_timing.median(b),
+                       candidate_s=_timing.median(c),
                        baseline_times=list(b), candidate_times=list(c))
 
 

@@ -22,13 +22,6 @@ def package_dir(name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]).resolve()
 
 
-def message(target: str, lab: str, student_name: str) -> str:
-    module, _, qualname = target.partition(":")
-    return (f"{module}.{qualname} is the course's answer to lab {lab}, so it is withheld while "
-            f"that lab is graded: the grader runs your own {student_name} (write it in your "
-            f"notebook, and call yours)")
-
-
 def build(withheld: dict[str, str], lab: str, dest: Path) -> tuple[Path, list[Path]]:
     """Write the stubbed packages; returns (`dest`, the installed folders its links reach)."""
     by_module: dict[str, dict[str, str]] = {}
@@ -37,7 +30,10 @@ def build(withheld: dict[str, str], lab: str, dest: Path) -> tuple[Path, list[Pa
         if module.split(".")[0] not in PACKAGES or not qualname:
             raise ValueError(f"withheld {target!r}: give module:qualname inside "
                              f"{' or '.join(PACKAGES)}")
-        by_module.setdefault(module, {})[qualname] = message(target, lab, student_name)
+        by_module.setdefault(module, {})[qualname] = (
+            f"{module}.{qualname} is the course's answer to lab {lab}, so it is withheld while "
+            f"that lab is graded: the grader runs your own {student_name} (write it in your "
+            f"notebook, and call yours)")
     links: list[Path] = []
     seen: set[str] = set()
     for pkg in PACKAGES:

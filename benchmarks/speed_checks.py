@@ -79,7 +79,7 @@ def measure(check, candidate, runs: int, loaded: int) -> list[float]:
     ratios = []
     for i in range(runs):
         with busy_core() if i >= runs - loaded else contextlib.nullcontext():
-            ratios.append(check.ratio(candidate, *check.fixture()).ratio)
+            ratios.append(check.ratio(candidate).ratio)
     return ratios
 
 
@@ -113,8 +113,7 @@ def measure_in_tester(lab: str, check, which: str, runs: int, loaded: int) -> li
             try:
                 answer = tester.test({"op": "test", "seq": i, "grade_id": which,
                                       "names": ["candidate"], "timeout": 600,
-                                      "source": "ratios.append(check.ratio(candidate, "
-                                                "*check.fixture()).ratio)"},
+                                      "source": "ratios.append(check.ratio(candidate).ratio)"},
                                      Commands(never))
                 if not answer["ok"]:
                     raise RuntimeError(f"{lab} {which} in the tester: {answer['ename']}: "

@@ -24,7 +24,7 @@ from autograder import compile_cache, processes
 from autograder.cores import torch_threads
 from autograder.course import Course
 from autograder.grade import grade_submissions
-from autograder.jobs import install_compile_cache
+from autograder.jobs import unpack_files
 from autograder.sandbox import sandbox_unavailable_reason
 
 REPO = Path(__file__).resolve().parent.parent
@@ -184,13 +184,11 @@ def test_a_failing_warm_up_grades_without_the_cache(course, monkeypatch):
 
 def test_install_writes_the_files_and_refuses_paths_outside(tmp_path):
     files = {"ab/graph.py": "eA==", "top": ""}
-    env = install_compile_cache(files, tmp_path / "home")
-    cache = Path(env[compile_cache.ENV])
-    assert cache == tmp_path / "home"
+    unpack_files(files, tmp_path / "home")
+    cache = tmp_path / "home"
     assert (cache / "ab" / "graph.py").read_bytes() == b"x" and (cache / "top").read_bytes() == b""
-    assert install_compile_cache({}, tmp_path / "other") == {}
     with pytest.raises(ValueError, match="outside"):
-        install_compile_cache({"../../escape": "eA=="}, tmp_path / "home")
+        unpack_files({"../../escape": "eA=="}, tmp_path / "home")
     assert not (tmp_path / "escape").exists()
 
 

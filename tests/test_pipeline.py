@@ -182,6 +182,25 @@ class Pipeline:
         return self.records[(student, lab)]
 
 
+def authoring_problems(source_nb) -> list[str]:
+    """A test cell must not bind a name a later cell reads: it would exist only in the tester."""
+    problems, tests = [], {}
+    for c in source_nb.cells:
+        m = c.metadata.get("nbgrader", {})
+        if c.cell_type != "code":
+            continue
+        if m.get("locked") and m.get("grade"):
+            for n in plan.bound_names(c.source):
+                tests[n] = m.get("grade_id", "?")
+            continue
+        for n in sorted((plan.free_names(c.source) or set()) & set(tests)):
+            problems.append(f"{m.get('grade_id') or 'a free cell'} reads {n}, which the test "
+                            f"{tests[n]} binds: bind it in a cell that is not a test")
+        for n in plan.bound_names(c.source):
+            tests.pop(n, None)
+    return problems
+
+
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     root = tmp_path_factory.mktemp("course")
@@ -224,7 +243,7 @@ def test_source_is_committed_without_outputs(lab):
 def test_tests_bind_nothing_later_cells_read(lab):
     """Tests run in the tester: a name a test binds does not exist in the kernel."""
     nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
-    assert plan.authoring_problems(nb) == []
+    assert authoring_problems(nb) == []
     assert plan.tester_plan(nb)["names"], f"{lab}: the tests read nothing of the student's"
 
 

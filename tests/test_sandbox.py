@@ -49,7 +49,7 @@ SECRET_VALUE = "s3cr3t-" + uuid.uuid4().hex
 def _spec(base: Path) -> SandboxSpec:
     work, runtime = base / "work", base / "rt"
     work.mkdir(parents=True, exist_ok=True)
-    return SandboxSpec.default(work, runtime)
+    return SandboxSpec(work, runtime, default_ro_paths(), default_env(Path("/tmp/home")))
 
 
 def _notebook(sources: list[str]) -> nbformat.NotebookNode:
@@ -375,7 +375,8 @@ def test_bwrap_argv(tmp_path, monkeypatch):
 
 def test_a_gpu_machines_device_nodes_are_bound_into_the_sandbox(tmp_path, monkeypatch):
     from autograder import sandbox
-    spec = SandboxSpec.default(tmp_path / "w", tmp_path / "r")
+    spec = SandboxSpec(tmp_path / "w", tmp_path / "r", default_ro_paths(),
+                       default_env(Path("/tmp/home")))
     monkeypatch.setattr(sandbox, "gpu_devices", lambda: [])
     assert "--dev-bind" not in bwrap_argv(spec, ["true"])
     monkeypatch.setattr(sandbox, "gpu_devices", lambda: ["/dev/nvidia0", "/dev/nvidiactl"])

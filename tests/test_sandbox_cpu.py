@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from autograder.sandbox import SandboxSpec, bwrap_argv, sandbox_unavailable_reason
+from autograder.sandbox import (
+    SandboxSpec,
+    bwrap_argv,
+    default_env,
+    default_ro_paths,
+    sandbox_unavailable_reason,
+)
 from autograder.sandbox_cpu import SandboxMeter, UnaccountedWork, _status
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,12 +67,13 @@ class Worker:
         listener.listen(1)
         cmd = [sys.executable, "-c", WORKER, path]
         if sandboxed:
-            cmd = bwrap_argv(SandboxSpec.default(tmp_path / "work", tmp_path / "rt"), cmd)
+            cmd = bwrap_argv(SandboxSpec(tmp_path / "work", tmp_path / "rt", default_ro_paths(),
+                                         default_env(Path("/tmp/home"))), cmd)
         self.proc = subprocess.Popen(cmd)
         listener.settimeout(60)
         self.conn, _ = listener.accept()
         self.file = self.conn.makefile("rw")
-        self.meter = SandboxMeter.of_peer(self.conn)
+        self.meter = SandboxMeter(self.conn)
 
     def do(self, how: str, seconds: float):
         before = self.meter.read()

@@ -109,7 +109,7 @@ def test_lab04_a_layer_that_remembers_its_answer_fails():
 
     check = CHECKS["lab04"]
     with pytest.raises(AssertionError, match="output is off"):
-        check.check(Remembers, *check.fixture())
+        check.check(Remembers)
 
 
 def test_every_lab_with_a_speed_test_has_a_check():

@@ -11,6 +11,8 @@ from autograder.labs import counted, random_model, shipped_model
 from autograder.labs.speedcheck import SpeedCheck, assert_tensor_close, one_torch_thread
 from autograder.probes import fresh_model, probe, working_model
 from autograder.timing import time_ratio
+from minillm.serving.model_runner import selective_prefill_logits
+from minillm.serving.static_batching import padded_prefill_logits
 
 LENGTHS = (4, 96, 6, 9, 5)
 # time(padded) / time(selective), loaded 2-core, in the tester: the library 2.99-3.24, the
@@ -53,7 +55,6 @@ def timed_selective(selective_prefill, lengths, seed: int) -> None:
 
 def selective_speedup(selective_fn, *, lengths, warmup: int = WARMUP, repeats: int = REPEATS):
     """Check the logits agree, then .ratio = median(padded) / median(selective), interleaved."""
-    from minillm.serving.static_batching import padded_prefill_logits
     model = shipped_model()
     token_lists = prompts(model.config.vocab_size, lengths)
     padded = torch.no_grad()(lambda: padded_prefill_logits(model, token_lists))
@@ -64,19 +65,10 @@ def selective_speedup(selective_fn, *, lengths, warmup: int = WARMUP, repeats: i
                       warmup=warmup, repeats=repeats)
 
 
-def _reference(model, token_lists):
-    from minillm.serving.model_runner import selective_prefill_logits
-    return selective_prefill_logits(model, token_lists)
-
-
-def _pads_anyway(model, token_lists):
-    from minillm.serving.static_batching import padded_prefill_logits
-    return padded_prefill_logits(model, token_lists)
-
-
 SPEED_CHECK = SpeedCheck(
     grade_id="06_speed_test", threshold=THRESHOLD, measure=selective_speedup,
-    reference=_reference, counter_example=_pads_anyway, workload=dict(lengths=LENGTHS),
+    reference=selective_prefill_logits, counter_example=padded_prefill_logits,
+    workload=dict(lengths=LENGTHS),
     solution=("selective_prefill", "06_ragged_class", "06_selective"),
     hint="on prompts of {lengths} tokens, your selective prefill was only {ratio:.2f}x faster "
          "than the padded batch (median {candidate_ms:.3g} ms vs {baseline_ms:.3g} ms over {runs} "

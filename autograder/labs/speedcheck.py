@@ -43,7 +43,6 @@ class SpeedCheck:
     counter_example: Callable
     hint: str                           # format string: ratio, at_least, baseline_ms, ...
     workload: dict = field(default_factory=dict)     # the measure's keyword defaults
-    fixture: Callable[[], tuple] = tuple  # extra positional args for the registry's runs
     solution: tuple[str, ...] = ()      # (function name, solution cell grade ids...)
 
     def ratio(self, candidate, *args, **workload) -> RatioResult:
@@ -63,9 +62,9 @@ class SpeedCheck:
         return r.ratio
 
     def passes(self, candidate) -> bool:
-        """True if the check passes on `candidate` with the fixture's arguments."""
+        """True if the check passes on `candidate`."""
         try:
-            self.check(candidate, *self.fixture())
+            self.check(candidate)
         except Exception:           # noqa: BLE001 - a failed check, or a withheld reference
             return False
         return True
