@@ -110,3 +110,11 @@ def test_a_stray_store_lands_in_the_fence(lab04):
     assert "copy with the mask: 0 fence values overwritten" in printed
     assert "copy without the mask: 6 fence values overwritten" in printed   # lanes 10..15
     assert "kernel died" in _by_id("04_md_tri_interpreter")
+
+
+@pytest.mark.parametrize("fmt", ["w8", "w4"])
+def test_the_kernel_tests_print_their_gpu_threshold(lab04, fmt):
+    printed = _run(lab04, _visible(_by_id(f"04_gemv_{fmt}_test")), f"04_gemv_{fmt}_test")
+    speed = lab04["tri"].GPU_SPEED
+    assert (f"on a GPU: at least {speed['min_fraction_of_copy']:.0%} of a device copy's speed and "
+            f"{speed['min_ratio_to_reference']:g}x the course kernel's") in printed, printed

@@ -122,6 +122,38 @@ def test_every_lab_with_a_speed_test_has_a_check():
         assert check.grade_id.startswith(lab[3:] + "_"), (lab, check.grade_id)
 
 
+# the GPU-timed kernel checks and the thresholds their visible part prints (autograder/labs)
+KERNEL_SPEED_CELLS = {"04_gemv_w8_test": "tri.GPU_SPEED", "04_gemv_w4_test": "tri.GPU_SPEED",
+                      "07_decode_kernel_test": "tri.KERNEL_SPEED",
+                      "07_split_kernel_test": "tri.KERNEL_SPEED"}
+
+
+def test_every_speed_test_shows_its_threshold_before_grading():
+    """A student sees the threshold, and their own figure, by running the test cell: the timed
+    call is in the visible part (SpeedCheck.check prints both; the kernel checks print the GPU
+    thresholds, and on a GPU the student's figures), never only in the hidden part."""
+    cells = {}
+    for p in (REPO / "labs").glob("*/*.ipynb"):
+        for c in json.loads(p.read_text())["cells"]:
+            gid = c["metadata"].get("nbgrader", {}).get("grade_id")
+            if gid:
+                cells[gid] = "".join(c["source"]).split("### BEGIN HIDDEN TESTS")
+    for lab, check in CHECKS.items():
+        visible = cells[check.grade_id][0]
+        called = re.findall(rf"{lab}\.(check_\w+)\(", visible)
+        assert called and all(getattr(check, "check") == getattr(module_of(lab), name)
+                              for name in called), (check.grade_id, called)
+    for gid, thresholds in KERNEL_SPEED_CELLS.items():
+        visible, hidden = cells[gid]
+        assert f"{thresholds}['min_fraction_of_copy']" in visible, gid
+        assert "torch.cuda.is_available()" in visible and "speed" in visible, gid
+        assert "speed=None" in hidden or "speed" not in hidden, gid      # timed once, visibly
+
+
+def module_of(lab: str):
+    return next(m for m in lab_modules() if m.__name__.endswith(lab))
+
+
 def test_the_measuring_command_reports_both_candidates():
     """`python -m benchmarks.speed_checks` (the source of the ranges in autograder/README.md)."""
     out = subprocess.run([sys.executable, "-m", "benchmarks.speed_checks", "lab01", "--runs", "2",
