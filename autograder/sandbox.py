@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
-import importlib.util
 import os
 import shutil
 import signal
@@ -99,11 +98,8 @@ class SandboxSpec:
 
 def default_ro_paths() -> list[Path]:
     """System directories, Python, the virtualenv, the course's packages and <repo>/data."""
-    pkgs = []
-    for name in PACKAGES:
-        spec = importlib.util.find_spec(name)       # locates, does not import
-        if spec is not None and spec.submodule_search_locations:
-            pkgs += [Path(p).resolve() for p in spec.submodule_search_locations]
+    from .withheld import package_dir
+    pkgs = [package_dir(name) for name in PACKAGES]
     paths = [Path(d) for d in SYSTEM_DIRS if os.path.lexists(d)]
     paths += [Path(sys.base_prefix).resolve(), Path(sys.prefix).absolute(), *pkgs]
     data = package_parent() / "data"

@@ -464,7 +464,8 @@ ATTACKS = [
         print("answers off")
     ''') + GOOD, earned=E_NONE, require=("answers off",), tamper=False),
     Attack("evidence_flood", "a right `scale` that, called by the hidden test, floods the reply: "
-           "5,000 'changed arguments' of 4 kB each, out of range, beside the right result",
+           "5,000 entries of 4 kB each under a key the tester never reads (the old copy-back's "
+           "'changed'), beside the right result",
            src('''
         import autograder.kernel_side as _ks
         _real = _ks._answer

@@ -50,10 +50,19 @@ def model_of(random=None):
 @probe
 def counted_generate(generate, prompt_ids, max_new_tokens, *args, random_model=None,
                      **kwargs) -> dict:
-    """`generate(model_of(random_model), prompt_ids, ...)`: {"tokens", "calls", "through"}."""
+    """`generate(model_of(random_model), prompt_ids, ...)`: {"tokens", "calls", "through",
+    "prompt": prompt_ids as the call left them}."""
     tokens, work = counted(model_of(random_model), generate, prompt_ids, max_new_tokens, *args,
                            **kwargs)
-    return {"tokens": tokens, **work}
+    return {"tokens": tokens, **work, "prompt": prompt_ids}
+
+
+@probe
+def args_after(fn, *args, **kwargs) -> list:
+    """The positional arguments as `fn(*args, **kwargs)` leaves them: what a call does to its
+    arguments stays in the kernel, so a test of "the input was not modified" asks this."""
+    fn(*args, **kwargs)
+    return list(args)
 
 
 @probe

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from autograder.labs import context_ids, counted_generate
+from autograder.labs import args_after, context_ids, counted_generate
 from autograder.labs.speedcheck import SpeedCheck, one_torch_thread
 from autograder.probes import fresh_model, probe, working_model
 from autograder.timing import time_ratio
@@ -71,4 +71,4 @@ SPEED_CHECK = SpeedCheck(
          "at every step takes at least {at_least:g}x as long. Does your generate feed the model "
          "the whole prefix each step?")
 check_step_growth = SPEED_CHECK.check
-__all__ = ["generate_tokens", "counted_generate", "timed_generate", "check_step_growth"]
+__all__ = ["generate_tokens", "counted_generate", "args_after", "timed_generate", "check_step_growth"]

@@ -10,6 +10,7 @@ import torch
 
 from autograder import labs
 from autograder.checks import assert_close
+from autograder.labs import args_after
 from autograder.labs.speedcheck import SpeedCheck, one_torch_thread
 from autograder.probes import fresh_model, probe
 from autograder.timing import time_ratio
@@ -170,5 +171,5 @@ SPEED_CHECK = SpeedCheck(
          "{at_least:g}x. Does mla_attend_absorbed still multiply the cached latents by k_up / "
          "v_up?")
 check_absorbed_speedup = SPEED_CHECK.check
-__all__ = ["kv_bytes", "mla_step", "gqa_run", "cache_bytes", "what_if", "timed_step",
+__all__ = ["args_after", "kv_bytes", "mla_step", "gqa_run", "cache_bytes", "what_if", "timed_step",
            "mla_layer", "step_inputs", "variant", "random_model", "check_absorbed_speedup"]

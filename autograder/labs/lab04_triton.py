@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from autograder.checks import assert_close
 from autograder.labs import kernelcheck as kc
 from autograder.probes import probe
+from kernels import dequant_ref
 from kernels.dequant_ref import w4a16_matmul_ref, w8a16_matmul_ref
 from kernels.intmath import cdiv
 
@@ -56,23 +57,16 @@ def _validate(what: str, ins: list, c: dict) -> None:
     if what == "matvec" and (x.dim() != 2 or ins[1].dim() != 1 or x.shape[1] != len(ins[1])
                              or not ins[1].is_contiguous()):
         raise ValueError(f"expected W [N, K] and a contiguous x [K], got {shapes}")
-    if what.endswith("_gemv"):
-        q, w4 = ins[1], what == "w4a16_gemv"
-        if q.dtype != (torch.uint8 if w4 else torch.int8):
-            raise ValueError(f"qweight must be {'uint8 packed nibbles' if w4 else 'int8'}, got "
-                             f"{q.dtype}")
-        if x.dim() != 2 or x.stride(1) != 1 or q.dim() != 2 or q.stride(1) != 1 or \
-                q.shape[1] * (2 if w4 else 1) != x.shape[1]:
-            raise ValueError(f"x must be [M, K] and qweight [N, K{' // 2' if w4 else ''}], both "
-                             f"with unit stride along K, got {shapes}")
-        if w4 and x.shape[1] % c["group_size"]:
-            raise ValueError(f"K = {x.shape[1]} must be a multiple of group_size = "
-                             f"{c['group_size']}")
-        want = (q.shape[0], x.shape[1] // c["group_size"]) if w4 else (q.shape[0],)
-        if any(shape != want for shape in shapes[2:]) or (w4 and ins[2].stride() !=
-                                                         ins[3].stride()):
-            raise ValueError(f"scales{' and zeros' if w4 else ''} must be {list(want)}"
-                             f"{' with one set of strides' if w4 else ''}, got {shapes[2:]}")
+    if what.endswith("_gemv"):            # dtypes and shapes: the course's own checks
+        w4 = what == "w4a16_gemv"
+        if w4:
+            dequant_ref.check_w4a16_args(*ins, c["group_size"], None)
+        else:
+            dequant_ref.check_w8a16_args(*ins, None)
+        if x.dim() != 2 or x.stride(1) != 1 or ins[1].stride(1) != 1 or \
+                (w4 and ins[2].stride() != ins[3].stride()):
+            raise ValueError(f"x [M, K] and qweight [N, K{' // 2' if w4 else ''}] need unit stride "
+                             f"along K{' and scales, zeros one set of strides' if w4 else ''}")
 
 
 def _output(what: str, ins: list) -> tuple[tuple, torch.dtype]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from autograder.labs import args_after
 from autograder.labs.speedcheck import SpeedCheck, assert_tensor_close, one_torch_thread
 from autograder.probes import probe
 from autograder.timing import time_ratio
@@ -135,5 +136,5 @@ SPEED_CHECK = SpeedCheck(
          "{runs} interleaved runs); it must reach {at_least:g}x. Gather each sequence's K/V with "
          "one indexing operation on all its slots, not a Python loop over positions.")
 check_paged_decode_speed = SPEED_CHECK.check
-__all__ = ["BlockPool", "pool_run", "decode_output", "timed_decode", "make_case",
+__all__ = ["args_after", "BlockPool", "pool_run", "decode_output", "timed_decode", "make_case",
            "check_paged_decode_speed"]

@@ -249,20 +249,14 @@ SPEED_DRY = ([37, 20], 4, 2, 16, 4, torch.float32)
 
 def _speed_inputs(which: str, dry_run: bool, seed: int):
     """(inputs on the kernels' device, the bytes a step must read, the split count)."""
+    from autograder.labs.lab07 import make_case
     from kernels.paged_attention_ref import pick_num_splits
     lens, N, K, H, block_size, dtype = SPEED_DRY if dry_run else SPEED[which]
-    g = torch.Generator().manual_seed(seed)
-    need = [cdiv(L, block_size) for L in lens]
-    perm = torch.randperm(sum(need), generator=g).to(torch.int32)
-    tables = torch.zeros(len(lens), max(need), dtype=torch.int32)
-    for b, n in enumerate(need):
-        tables[b, :n] = perm[sum(need[:b]):sum(need[:b]) + n]
-    kv = [torch.randn(sum(need), block_size, K, H, generator=g).to(dtype) for _ in "kv"]
-    q = torch.randn(len(lens), N, H, generator=g).to(dtype)
-    ins = [t.to("cpu" if dry_run else "cuda") for t in (q, *kv, tables, torch.tensor(
-        lens, dtype=torch.int32))]
-    nbytes = 2 * sum(lens) * K * H * kv[0].element_size() + 2 * q.numel() * q.element_size()
-    return ins, nbytes, 2 if dry_run else pick_num_splits(len(lens), K, max(need), block_size)
+    q, k_cache, v_cache, tables, context_lens = make_case(seed, (lens, N, K, H, block_size))
+    ins = [t.to(dtype) for t in (q, k_cache, v_cache)] + [tables, context_lens]
+    nbytes = (2 * sum(lens) * K * H + 2 * q.numel()) * dtype.itemsize
+    return ([t.to("cpu" if dry_run else "cuda") for t in ins], nbytes,
+            2 if dry_run else pick_num_splits(len(lens), K, tables.shape[1], block_size))
 
 
 @probe
