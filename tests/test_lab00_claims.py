@@ -79,7 +79,12 @@ def test_the_model_s_size_and_vocabulary(lab00):
     m = re.search(r"([\d.]+)M parameters, vocabulary of (\d+) tokens", printed)
     params_m, vocab = m.groups()
     assert f"BPE with {vocab} tokens" in _by_id("00_md_tokens")
-    assert f"it has {round(float(params_m))}M parameters" in _flat(_by_id("00_md_try"))
+    try_text = _flat(_by_id("00_md_try"))
+    assert f"it has {round(float(params_m))}M parameters" in try_text
+    card = (REPO / "minillm" / "assets" / "MODEL_CARD.md").read_text()
+    minutes = re.search(r"\| training wall time \| (\d+) min on cpu", card).group(1)
+    assert f"({minutes} minutes: minillm/assets/MODEL_CARD.md)" in try_text
+    assert 45 <= int(minutes) <= 90, "'about an hour'"
     assert f"{round(float(params_m))}M-parameter model" in SLIDES.read_text()
     q1 = _flat(_by_id("00_q1"))
     n = lab00["model"].num_params()
