@@ -214,3 +214,16 @@ def test_the_sweep_keeps_the_ranges_the_text_states(lab01):
     assert f"at least {LARGE_B_NEAR:g} of it" in q3
     assert (f"{BANDWIDTH_GBS[0]:g}–{BANDWIDTH_GBS[1]:g} GB/s that lab 01's sweep measures"
             in _flat(_by_id("00_q1", LAB00)))
+
+
+def test_q1_and_the_batching_citation(lab01):
+    napkin, mbf = lab01["napkin"], lab01["max_batch_that_fits"]
+    m, h100 = lab01["LLAMA_2_13B"], lab01["H100"]
+    kv = napkin(1, 1000, m, h100)["kv_bytes_per_seq"]
+    q1 = _flat(_by_id("01_q1"))
+    assert f"{kv / 1e9:.2f} GB per 1000-token Llama-2-13B sequence, {mbf(1000, m, h100)} sequences" in q1
+    results = _flat((REPO / "benchmarks" / "RESULTS.md").read_text())
+    assert "`stack(xs) @ W` 8.75-9.39" in results and "reference 1.95-3.18 (median 2.17)" in results
+    text = _flat(_by_id("01_md_batching"))
+    assert "1.95–3.18× on the course's 2-core AMD EPYC" in text and "8.75–9.39× on an older core" in text
+    assert '"Speed-check ranges under the earlier grading designs"' in text
