@@ -168,11 +168,11 @@ def test_the_tensor_parallel_reading_quotes_the_printed_rows(lab01):
 
 
 # --- the timed sweep of part 4 ---------------------------------------------------------------------
-RUNS = 1                       # ~9 s a run (the cell's 7 rounds); 3 runs recorded in the commit
+RUNS = 1                       # ~9 s a run (the cell's 7 rounds); the ranges below: 5 runs
 # The ranges the text states (01_md_roofline_read, 01_q2, 01_q3; 00_q1 quotes the bandwidth).
-# Four runs on the 2-core AMD EPYC, load average ~10 (2026-11-29): peak 103.2-105.0 GFLOP/s,
-# bandwidth 20.2-24.0 GB/s, ridge 4.3-5.1; measured / predicted B = 2..8 0.45-0.76 (B = 8
-# 0.46-0.48), B = 256..1024 0.95-1.00.
+# Five runs on the 2-core AMD EPYC, load average 10-12 (2026-11-29): peak 100.9-105.0 GFLOP/s,
+# bandwidth 19.9-24.0 GB/s, ridge 4.3-5.1; measured / predicted B = 2..8 0.45-0.76 (B = 8
+# 0.46-0.49), B = 256..1024 0.95-1.00 (benchmarks/RESULTS.md).
 RIDGE = (3.0, 7.0)             # fitted ridge, FLOPs/byte (fp32, one core)
 PEAK_GFLOPS = (80.0, 130.0)    # highest FLOP/s of the sweep
 BANDWIDTH_GBS = (15.0, 30.0)   # highest bytes/s of the sweep (B = 1 in every run so far)
