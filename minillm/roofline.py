@@ -437,6 +437,64 @@ def tensor_parallel_napkin(model: ModelConfig | str, hw: Hardware | str, batch: 
     }
 
 
+def serving_outcome(model: ModelConfig | str, hw: Hardware | str, seq_len: int, gpus: int,
+                    split: int, batch: int, bytes_per_param: float = 2,
+                    link: float | str = "nvlink-h100", allreduce_latency_s: float = 0.0) -> dict:
+    """`gpus` GPUs serving sequences of `seq_len` tokens: each copy of the model is split over
+    `split` GPUs (tensor parallelism) and decodes `batch` sequences, gpus // split copies side by
+    side. Step latency and fit are one copy's (`tensor_parallel_napkin`); the throughput counts
+    every copy."""
+    if gpus % split:
+        raise ValueError(f"the split G = {split} must divide the {gpus} GPUs")
+    r = tensor_parallel_napkin(model, hw, batch, seq_len, split, link,
+                               bytes_per_param=bytes_per_param,
+                               allreduce_latency_s=allreduce_latency_s)
+    copies = gpus // split
+    return {"split": split, "batch": r["batch"], "bytes_per_param": bytes_per_param,
+            "copies": copies, "latency_s": r["latency_s"], "fits": r["fits"],
+            "memory_per_gpu_bytes": r["memory_per_gpu_bytes"],
+            "throughput_tok_s": copies * r["throughput_tok_s"]}
+
+
+def best_serving_config(model: ModelConfig | str, hw: Hardware | str, seq_len: int, gpus: int,
+                        slo_s: float, precisions=(2,), link: float | str = "nvlink-h100",
+                        allreduce_latency_s: float = 0.0) -> dict | None:
+    """The configuration (`serving_outcome`) with the most throughput among those that fit and
+    whose step latency is at most `slo_s`; None if none does. Splits G divide the GPUs and the
+    model's N and K. For each split and precision a copy's throughput B / latency grows with B,
+    and latency and memory are linear in B: the best B is the largest both limits allow (solved
+    from two points of the line, then stepped to the exact edge)."""
+    cfg = get_model(model)
+    best = None
+    for split in range(1, gpus + 1):
+        if gpus % split or cfg.n_heads % split or cfg.n_kv_heads % split:
+            continue
+        for bpp in precisions:
+            def at(b, split=split, bpp=bpp):
+                return serving_outcome(cfg, hw, seq_len, gpus, split, b, bpp, link,
+                                       allreduce_latency_s)
+
+            def ok(r):
+                return r["fits"] and r["latency_s"] <= slo_s
+
+            one, two = at(1), at(2)
+            if not ok(one):
+                continue
+            dt, dm = two["latency_s"] - one["latency_s"], (two["memory_per_gpu_bytes"]
+                                                           - one["memory_per_gpu_bytes"])
+            b = min((slo_s - one["latency_s"]) / dt, (get_hardware(hw).memory_bytes
+                                                      - one["memory_per_gpu_bytes"]) / dm)
+            b = max(1, 1 + math.floor(b))
+            while b > 1 and not ok(at(b)):
+                b -= 1
+            while ok(at(b + 1)):
+                b += 1
+            r = at(b)
+            if best is None or r["throughput_tok_s"] > best["throughput_tok_s"]:
+                best = r
+    return best
+
+
 # ============================================================================================
 # 5. A measured roofline: the same two roofs, read off timings of a real machine (e.g. a CPU)
 # ============================================================================================

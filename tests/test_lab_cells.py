@@ -79,3 +79,99 @@ def test_lab02_cache_test_catches_copies_instead_of_views(lab02):
     exec(compile(src["02_cache"].replace(old, new), "02_cache", "exec"), ns)
     with pytest.raises(AssertionError, match="not copies"):
         exec(compile(src["02_cache_test"], "02_cache_test", "exec"), ns)
+
+
+# --- lab 01: the serving choice, graded by its outcome -------------------------------------------
+# Two different designs that land right get the cell's points (the search of the solution, and
+# algebra on the napkin's formulas); choices that ignore a limit or a lever lose them.
+CLOSED_FORM = '''
+def choose_serving(scenario):
+    m, gpu, gpus, S = scenario["model"], scenario["gpu"], scenario["gpus"], scenario["S"]
+    params, best = num_params(**m), None
+    for G in [d for d in range(1, gpus + 1) if not (gpus % d or m["N"] % d or m["K"] % d)]:
+        for p in scenario["precisions"]:
+            kv = kv_cache_bytes_per_seq(S, m["K"], m["H"], m["L"], p)
+            link = 2 * m["L"] * 2 * (G - 1) / G * m["D"] * 2 / scenario["link_bandwidth"]
+            per_seq = kv / G / gpu["bandwidth"] + link                # seconds per sequence
+            fixed = params * p / G / gpu["bandwidth"] + (2 * m["L"] * scenario["allreduce_latency_s"]
+                                                        if G > 1 else 0.0)
+            B = min(math.floor((scenario["slo_s"] - fixed) / per_seq),
+                    math.floor((gpu["memory"] - params * p / G) / (kv / G)))
+            if B >= 1:
+                tok_s = gpus // G * B / (fixed + per_seq * B)
+                if best is None or tok_s > best[0]:
+                    best = (tok_s, {"G": G, "B": B, "bytes_per_param": p})
+    return best[1]
+'''
+ONLY_COPIES = '''
+_solution = choose_serving
+def choose_serving(scenario):
+    return _solution(dict(scenario, gpus=1)) | {}   # the best one GPU can do, copied gpus times
+'''
+FILL_MEMORY = '''
+def choose_serving(scenario):                        # the biggest batch the split holds; SLO ignored
+    G = max(d for d in range(1, scenario["gpus"] + 1) if not (scenario["gpus"] % d or
+            scenario["model"]["N"] % d or scenario["model"]["K"] % d))
+    p = min(scenario["precisions"])
+    gpu = dict(scenario["gpu"], memory=scenario["gpu"]["memory"] * G)
+    return {"G": G, "B": max_batch_that_fits(scenario["S"], scenario["model"], gpu, p),
+            "bytes_per_param": p}
+'''
+ONE_AT_A_TIME = '''
+def choose_serving(scenario):                        # latency first: one sequence per copy
+    return {"G": 1 if scenario["gpus"] == 1 else 2 if scenario["model"]["K"] % 2 == 0 else 1,
+            "B": 1, "bytes_per_param": min(scenario["precisions"])}
+'''
+BF16_ALWAYS = '''
+_solution = choose_serving
+def choose_serving(scenario):                        # the right search, but never below bf16
+    return _solution(dict(scenario, precisions=[max(scenario["precisions"])]))
+'''
+
+
+@pytest.fixture
+def lab01_serving():
+    import matplotlib
+    matplotlib.use("Agg")
+    threads = torch.get_num_threads()
+    src = cells("01_roofline")
+    ns: dict = {}
+    for gid in ("01_setup", "01_shapes", "01_params_kv", "01_napkin", "01_max_batch",
+                "01_tensor_parallel", "01_serving_scenario"):
+        exec(compile(src[gid], gid, "exec"), ns)
+    yield src, ns
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("design", ["solution", "closed form"])
+def test_lab01_serving_choice_two_designs_get_the_points(lab01_serving, design):
+    src, ns = lab01_serving
+    code = src["01_choose_serving"] if design == "solution" else CLOSED_FORM
+    exec(compile(code, design, "exec"), ns)
+    exec(compile(src["01_choose_serving_test"], "01_choose_serving_test", "exec"), ns)
+
+
+@pytest.mark.parametrize("design,why", [
+    ("only copies", "of the best throughput"), ("fill the memory", "over the SLO"),
+    ("one at a time", "of the best throughput"), ("bf16 always", "of the best throughput")])
+def test_lab01_serving_choice_poor_designs_lose_the_points(lab01_serving, design, why):
+    src, ns = lab01_serving
+    exec(compile(src["01_choose_serving"], "01_choose_serving", "exec"), ns)
+    code = {"only copies": ONLY_COPIES, "fill the memory": FILL_MEMORY,
+            "one at a time": ONE_AT_A_TIME, "bf16 always": BF16_ALWAYS}[design]
+    exec(compile(code, design, "exec"), ns)
+    with pytest.raises(AssertionError) as e:
+        exec(compile(src["01_choose_serving_test"], "01_choose_serving_test", "exec"), ns)
+    assert why in str(e.value), str(e.value)
+
+
+def test_lab01_serving_choice_hidden_scenarios_need_the_split_and_the_search(lab01_serving):
+    """The visible setting alone is not the grade: a choice tuned to it (G = 4, B = 145, int8)
+    fails the fresh scenarios."""
+    src, ns = lab01_serving
+    exec(compile("def choose_serving(scenario):\n    return {'G': 4, 'B': 145, 'bytes_per_param': 1}\n",
+                 "constant", "exec"), ns)
+    visible, hidden = src["01_choose_serving_test"].split("### BEGIN HIDDEN TESTS")
+    exec(compile(visible, "visible", "exec"), ns)
+    with pytest.raises(AssertionError):
+        exec(compile(hidden, "hidden", "exec"), ns)
