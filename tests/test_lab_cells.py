@@ -143,6 +143,18 @@ def lab01_serving():
     torch.set_num_threads(threads)
 
 
+# --- lab 03: the design task, graded on what a design achieves ------------------------------------
+@pytest.fixture(scope="module")
+def lab03():
+    """Lab 03's setup in a fresh namespace (one torch thread: restored afterwards)."""
+    threads = torch.get_num_threads()
+    src = cells("03_shrinking_kv")
+    ns: dict = {}
+    exec(compile(src["03_setup"], "03_setup", "exec"), ns)
+    yield src, ns
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("design", ["solution", "closed form"])
 def test_lab01_serving_choice_two_designs_get_the_points(lab01_serving, design):
     src, ns = lab01_serving
@@ -175,3 +187,48 @@ def test_lab01_serving_choice_hidden_scenarios_need_the_split_and_the_search(lab
     exec(compile(visible, "visible", "exec"), ns)
     with pytest.raises(AssertionError):
         exec(compile(hidden, "hidden", "exec"), ns)
+
+
+# a second correct design, unlike the solution's (int8 MLA latents): int8 only where the whole MHA
+# cache fits, bf16 MLA latents as wide as the budget allows everywhere else
+BF16_LATENTS = '''
+def design_for_budget(budget):
+    if budget >= 4752:
+        return [("int8",)]
+    return [("mla", int(budget // 12) - 32, "svd")]
+'''
+# plausible poor designs: the GQA sweep's lesson not learnt; the bytes counted without the scales;
+# a rope key that throws away most of the heads' positions
+POOR = {
+    "the most KV heads that fit, int8": ('''
+def design_for_budget(budget):
+    return [("gqa", max(k for k in (1, 2, 3, 6) if 6 * k * (2 * 64 + 2 * 2) <= budget)), ("int8",)]
+''', "more than 1.05 x the best"),
+    "int8 scales forgotten": ('''
+def design_for_budget(budget):
+    return [("mla", min(384, int(budget // 6) - 32), "svd"), ("int8",)]
+''', "the design caches"),
+    "the mean rope key": ('''
+def design_for_budget(budget):
+    return [("int8",)] if budget >= 4752 else [("mla", int(budget // 6) - 36, "mean"), ("int8",)]
+''', "more than 1.05 x the best"),
+}
+
+
+@pytest.mark.parametrize("design", ["solution", "bf16 latents"])
+def test_lab03_two_different_designs_earn_the_design_points(lab03, design, capsys):
+    src, ns = lab03
+    code = src["03_design"] if design == "solution" else BF16_LATENTS
+    exec(compile(code, "03_design", "exec"), ns)
+    exec(compile(src["03_design_test"], "03_design_test", "exec"), ns)     # visible and hidden
+    printed = capsys.readouterr().out
+    assert printed.count("full marks at most") == 4 and "visible check passed" in printed, printed
+
+
+@pytest.mark.parametrize("poor", list(POOR))
+def test_lab03_a_poor_design_loses_the_design_points(lab03, poor):
+    src, ns = lab03
+    code, why = POOR[poor]
+    exec(compile(code, "03_design", "exec"), ns)
+    with pytest.raises(AssertionError, match=why.replace(".", r"\.")):
+        exec(compile(src["03_design_test"], "03_design_test", "exec"), ns)

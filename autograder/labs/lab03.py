@@ -1,5 +1,7 @@
 """Lab 03: probes build the lab's layers and models from seeds (the same wherever built); the
-speed check times MLA's absorbed decode step against the naive one."""
+speed check times MLA's absorbed decode step against the naive one; the design task's judge
+builds a student's cache design with the course's converters and measures its bytes and
+perplexity in the tester."""
 from __future__ import annotations
 
 import copy
@@ -12,12 +14,13 @@ from autograder import labs
 from autograder.checks import assert_close
 from autograder.labs import args_after
 from autograder.labs.speedcheck import SpeedCheck, one_torch_thread
-from autograder.probes import fresh_model, probe
+from autograder.probes import fresh_model, probe, shipped_model
 from autograder.timing import time_ratio
-from minillm.attention import to_cla, to_mla, to_sliding
+from minillm.attention import to_cla, to_gqa, to_mla, to_sliding
 from minillm.attention.mla import MLAAttention
 from minillm.config import ModelConfig
 from minillm.kvcache import KVCache, KVSpec, layer_specs
+from minillm.kvquant import Int8KVCache, with_kv_cache
 from minillm.roofline import Hardware
 
 N_HEADS, HEAD_DIM, ROPE_DIM, DIM = 6, 64, 32, 384     # the shipped target's attention shape
@@ -123,6 +126,118 @@ def what_if(gqa_what_if, config: dict, hardware: tuple, seq_len: int, kv_heads: 
     return gqa_what_if(ModelConfig(**config), Hardware(*hardware), seq_len, kv_heads)
 
 
+
+# --- the design task: a cache for a budget -------------------------------------------------------
+# A design is a list of steps applied in order to the shipped model: ("gqa", K), ("mla", C,
+# "svd" | "mean"), ("cla", share), and last, optionally, ("int8",): the cache stores int8 codes and
+# one fp16 scale per vector (minillm.kvquant). Every layer stays global: held-out perplexity over
+# 512-token windows cannot see what a sliding window loses (Q5), so windows are not offered.
+DESIGN_EVAL_TOKENS = 1024         # the notebook's EVAL_TOKENS: two windows of 512 held-out tokens
+DESIGN_TOLERANCE = 0.05           # full marks within 5 % of the best perplexity the course found
+# budget (cache bytes per token) -> the held-out ppl of the best design the course's search found:
+# MHA, GQA K = 3, 2, 1, CLA share 2, 3 alone and on each GQA, MLA C = 16, 32, ... 384 with the "svd"
+# key, each with and without int8 (tests/test_lab03_claims.py keeps the designs and re-measures them)
+DESIGN_BEST = {800: 79.673, 1500: 78.067, 3000: 77.941, 5000: 55.485}
+
+
+def _design_steps(design) -> list[tuple]:
+    if not isinstance(design, (list, tuple)):
+        raise ValueError(f"a design is a list of steps, got {type(design).__name__}")
+    steps = []
+    for step in design:
+        if not isinstance(step, (list, tuple)) or not step or not isinstance(step[0], str):
+            raise ValueError(f"each step is a tuple such as ('gqa', 2); got {step!r}")
+        name, *args = step
+        want = {"gqa": (int,), "cla": (int,), "mla": (int, str), "int8": ()}.get(name)
+        if want is None:
+            raise ValueError(f"unknown step {name!r}: use 'gqa', 'mla', 'cla' or 'int8'")
+        if name == "mla" and len(args) == 1:
+            args = [args[0], "mean"]           # to_mla's default rope key
+        if len(args) != len(want) or not all(isinstance(a, t) and not isinstance(a, bool)
+                                             for a, t in zip(args, want)):
+            raise ValueError(f"step {step!r}: expected ({name!r}"
+                             + "".join(f", <{t.__name__}>" for t in want) + ")")
+        steps.append((name, *args))
+    if any(s[0] == "int8" for s in steps[:-1]) or sum(s[0] == "int8" for s in steps) > 1:
+        raise ValueError("('int8',) is the cache's format: at most once, as the last step")
+    return steps
+
+
+def build_design(design, model=None, convert_to_gqa=None):
+    """(the converted model, whether its cache is int8). `convert_to_gqa` defaults to the course's
+    to_gqa (the notebook hands in the student's own: to_gqa is withheld while it is graded)."""
+    m = shipped_model() if model is None else model
+    quantized = False
+    for name, *args in _design_steps(design):
+        if name == "gqa":
+            m = (convert_to_gqa or to_gqa)(m, *args)
+        elif name == "mla":
+            m = to_mla(m, args[0], rope_key=args[1])
+        elif name == "cla":
+            m = to_cla(m, *args)
+        else:
+            quantized = True
+    return m, quantized
+
+
+def design_bytes(model, quantized: bool) -> float:
+    """Cache bytes per token of `model`'s layout: what KVCache (bf16) or Int8KVCache (codes and
+    fp16 scales) allocates for a 512-token sequence, divided by 512."""
+    cache = Int8KVCache if quantized else KVCache       # (kv_bytes_per_token is withheld in lab 03)
+    return cache.for_model(model, 1, 512, dtype=torch.bfloat16).nbytes / 512
+
+
+def measure_design(design, model=None, convert_to_gqa=None, tokenizer=None) -> dict:
+    """{"bytes_per_token", "ppl"} of a design: its cache's bytes per token and the held-out
+    perplexity of the converted model on DESIGN_EVAL_TOKENS tokens, read through its cache."""
+    from minillm import load_tokenizer
+    from minillm.evaluate import perplexity
+    m, quantized = build_design(design, model, convert_to_gqa)
+    judged = with_kv_cache(m, Int8KVCache) if quantized else m
+    with torch.no_grad():
+        ppl = perplexity(judged, tokenizer or load_tokenizer("target"), split="val",
+                         max_tokens=DESIGN_EVAL_TOKENS)["ppl"]
+    return {"bytes_per_token": design_bytes(m, quantized), "ppl": ppl}
+
+
+@probe
+def design_for(design_fn, budget: float):
+    """design_fn(budget) where the student's code runs: the design, as plain values."""
+    design = design_fn(budget)
+    if isinstance(design, (list, tuple)):
+        return [list(s) if isinstance(s, (list, tuple)) else s for s in design]
+    return design
+
+
+def judge_design(design_fn, budget: float) -> dict:
+    """Run the student's design_fn(budget) in the kernel; build and measure the design here (the
+    tester, with the course's converters). Returns the design, its bytes and perplexity, the best
+    perplexity the course found for this budget and the most that earns the points."""
+    design = design_for(design_fn, budget)
+    try:
+        figures = measure_design(design)
+    except ValueError as e:
+        raise AssertionError(f"budget {budget:,} B/token: the design {design!r} cannot be built: "
+                             f"{e}") from None
+    best_ppl = DESIGN_BEST[budget]
+    return {"design": design, **figures, "budget": budget, "best_ppl": best_ppl,
+            "allowed_ppl": best_ppl * (1 + DESIGN_TOLERANCE)}
+
+
+def check_design(design_fn, budget: float) -> dict:
+    """The graded check of one budget: prints the outcome and the bar, then asserts both."""
+    r = judge_design(design_fn, budget)
+    print(f"budget {budget:,} B/token: {r['design']} caches {r['bytes_per_token']:,.0f} B/token, "
+          f"held-out ppl {r['ppl']:.2f}; full marks at most {budget:,} B/token and ppl "
+          f"<= {r['allowed_ppl']:.2f} (the course's best: {r['best_ppl']:.2f})")
+    assert r["bytes_per_token"] <= budget, (
+        f"budget {budget:,} B/token: the design caches {r['bytes_per_token']:,.0f} B/token")
+    assert r["ppl"] <= r["allowed_ppl"], (
+        f"budget {budget:,} B/token: held-out ppl {r['ppl']:.2f}, more than "
+        f"{1 + DESIGN_TOLERANCE:.2f} x the best the course found ({r['best_ppl']:.2f}); which "
+        f"other layouts fit this budget, and what did they measure?")
+    return r
+
 _kept_inputs = functools.lru_cache(maxsize=1)(make_inputs)
 
 
@@ -172,4 +287,5 @@ SPEED_CHECK = SpeedCheck(
          "v_up?")
 check_absorbed_speedup = SPEED_CHECK.check
 __all__ = ["args_after", "kv_bytes", "mla_step", "gqa_run", "cache_bytes", "what_if", "timed_step",
-           "mla_layer", "step_inputs", "variant", "random_model", "check_absorbed_speedup"]
+           "mla_layer", "step_inputs", "variant", "random_model", "check_absorbed_speedup",
+           "measure_design", "build_design", "design_for", "judge_design", "check_design"]

@@ -1,0 +1,168 @@
+"""Lab 02's sentences that state an exact figure agree with what the cells beside them print.
+
+The notebook's setup and solution cells run in this process; the size table, the per-pass counts
+and the first check of part 1 run as the notebook has them, and their output is matched against
+the sentences that quote it: the markdown of parts 1, 5 and 6, the model answers of Q2-Q5 (their
+counts, sizes and intensities; the timings they quote are the development machine's, in ranges
+that tests/test_lab_measurements.py checks on a busy machine), the GPU paragraph and the deck.
+None of these figures is a timing: they are checked exactly, in a few seconds.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+LAB = REPO / "labs" / "02_kv_cache" / "02_kv_cache.ipynb"
+SLIDES = REPO / "slides" / "02_kv_cache.md"
+
+
+def _cells() -> list[dict]:
+    return json.loads(LAB.read_text())["cells"]
+
+
+def _by_id(gid: str) -> str:
+    found = ["".join(c["source"]) for c in _cells()
+             if c["metadata"].get("nbgrader", {}).get("grade_id") == gid]
+    assert len(found) == 1, f"{len(found)} cells with grade_id {gid}"
+    return found[0]
+
+
+def _starting(start: str) -> str:
+    found = ["".join(c["source"]) for c in _cells()
+             if c["cell_type"] == "code" and "".join(c["source"]).startswith(start)]
+    assert len(found) == 1, f"{len(found)} code cells start with {start!r}"
+    return found[0]
+
+
+def _run(ns: dict, source: str, name: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(source, name, "exec"), ns)
+    return out.getvalue()
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture(scope="module")
+def lab02():
+    """The setup (one torch thread: restored afterwards) and the cache and size solutions."""
+    threads = torch.get_num_threads()
+    ns: dict = {}
+    for gid in ("02_setup", "02_cache", "02_kv_bytes"):
+        _run(ns, _by_id(gid), gid)
+    yield ns
+    torch.set_num_threads(threads)
+
+
+def test_the_prefix_check_prints_what_part_1_says(lab02):
+    printed = _run(lab02, _starting("ids = torch.tensor([tok.encode(\"ROMEO:\\nBut soft, what light "
+                                    "through yonder window breaks?\")])\nT = ids.shape[1]\ncaptured"),
+                   "part 1")
+    diffs = [float(x) for x in re.findall(r"shared positions:\s+([\d.e+-]+)", printed)]
+    assert len(diffs) == 2 and all(d <= 1e-5 for d in diffs), printed   # "zero, or ~1e-6"
+    assert "zero, or on some machines differences of the order of $10^{-6}$" in _flat(
+        _by_id("02_md_phases"))
+
+
+def test_the_size_table_and_the_batches_that_fit(lab02):
+    printed = _run(lab02, _starting('llama = PRESETS["llama-2-13b"]'), "size table")
+    fits = dict(re.findall(r"  (.+?)\s+B <= (\d+)", printed))
+    assert fits["Llama-2-13B, bf16, S = 4096, H100 (80 GB)"] == "16"
+    assert fits["Llama-2-13B, bf16, S = 1000, H100 (80 GB)"] == "65"
+    assert "fits only 16 of them" in _flat(_by_id("02_md_size_read"))
+    deck = _flat(SLIDES.read_text())
+    assert "0.82 GB per sequence → **65** sequences fit; at S = 4096 only **16**" in deck
+    assert "(7–20× on one core" in deck                       # the range the measurements test checks
+
+
+def test_cache_against_weights_in_part_6(lab02):
+    cfg, model, kv = lab02["cfg"], lab02["model"], lab02["kv_cache_bytes"]
+    one_seq, weights = kv(cfg, 1, 257, 4) / 1e6, 4 * model.num_params() / 1e6
+    assert (f"{one_seq:.1f}", f"{weights:.0f}") == ("4.7", "49"), (one_seq, weights)
+    assert "(fp32: 4.7 MB against 49 MB)" in _flat(_by_id("02_md_batch"))
+    assert 9 < weights / one_seq < 11           # "about a tenth", "from about ten sequences on"
+    # 02_md_ttft: attention's share of a P-token prefill's FLOPs (it said "under a tenth")
+    pc = lab02["phase_costs"]
+    token, pair = pc.flops_per_token(cfg), pc.flops_per_pair(cfg)
+    share = [pair * P * (P + 1) / 2 / (token * P + pair * P * (P + 1) / 2) for P in (256, 512)]
+    assert f"{share[1]:.1%}" == "10.0%" and share[0] < share[1], share
+    assert "attention is 10.0 % of the FLOPs at $P = 512$, less at shorter prompts" in _flat(
+        _by_id("02_md_ttft"))
+
+
+def test_q2_and_q3_quote_the_counts_the_cells_print(lab02):
+    lab02["peak"], lab02["bandwidth"] = 1e11, 2e10       # the napkin column only; not checked here
+    printed = _run(lab02, _starting("def forward_counts("), "counts")
+    intensity = dict(re.findall(r"^(.+?)\s+[\d.]+ GFLOP\s+[\d.]+ MB\s+intensity\s+([\d.]+)", printed,
+                                re.M))
+    assert intensity["prefill of 256 tokens"] == "107.3"
+    assert intensity["one decode step at context 256"] == "0.5"
+    assert intensity["one decode step, 64 sequences at context 256"] == "4.9"
+    cfg, kv = lab02["cfg"], lab02["kv_cache_bytes"]
+    q2, q3 = _flat(_by_id("02_q2")), _flat(_by_id("02_q3"))
+    L, N, H = cfg.n_layers, cfg.n_heads, cfg.head_dim
+    assert f"{4 * L * N * H * 257 / 1e6:.1f}" == "2.4" and f"{kv(cfg, 1, 257, 4) / 1e6:.1f}" == "4.7"
+    assert "$4LNH\\cdot 257 \\approx$ 2.4 MFLOP and 4.7 MB of cache" in q2
+    assert "intensity is ~107 FLOPs/byte" in q2 and "(intensity ~0.5)" in q2
+    assert "creeps up to 4.9 FLOPs/byte at $B = 64$" in q3
+    fit = lab02["max_sequences"](256e6, 4 * lab02["model"].num_params(), kv(cfg, 1, 257, 4))
+    assert fit == 43 and "at most 43 sequences of 257" in q3
+    assert f"{kv(cfg, 64, 257, 4) / 1e6:.0f}" == "303" and "(303 MB of cache alone)" in q3
+
+
+def test_q4_figures(lab02):
+    from minillm import roofline
+    from minillm.config import PRESETS
+    llama = PRESETS["llama-2-13b"]
+    weights = 2 * roofline.lecture_num_params("llama-2-13b") / 1e9
+    per_tok = lab02["kv_bytes_per_token"](llama, 2)
+    per_seq = 4096 * per_tok / 1e9
+    room = 80 - weights
+    need = room * 1e9 / (64 * 4096)
+    assert (f"{weights:.1f}", f"{weights:.2f}", f"{per_seq:.2f}") == ("26.0", "26.03", "3.36")
+    assert math.floor(room / per_seq) == 16 and f"{room / per_seq:.2f}" == "16.08"
+    assert f"{room:.2f}" == "53.97" and round(need, -2) == 205_900 and round(need / 1024) == 201
+    assert f"{per_tok / need:.2f}" == "3.98"
+    gqa8 = {**llama.to_dict(), "n_kv_heads": 8}
+    from minillm.config import ModelConfig
+    c8 = ModelConfig.from_dict(gqa8)
+    assert f"{64 * 4096 * lab02['kv_bytes_per_token'](c8, 2) / 1e9:.1f}" == "42.9"
+    assert f"{2 * roofline.lecture_num_params(c8) / 1e9:.1f}" == "22.7"
+    q4 = _flat(_by_id("02_q4"))
+    for quoted in ("takes 26.0 GB of weights", "$= 3.36$ GB", "16.08 before rounding down",
+                   "$80 - 26.03 = 53.97$ GB", "205{,}900", "(~201 KiB)", "(3.98×)",
+                   "take 42.9 GB, plus 22.7 GB"):
+        assert quoted in q4, quoted
+
+
+def test_q5_token_counts():
+    P, n = 32, 480
+    naive, cached = n * P + n * (n - 1) // 2, P + n - 1
+    assert (naive, cached, naive // cached) == (130_320, 511, 255)
+    q5 = _flat(_by_id("02_q5"))
+    assert "$nP + n(n-1)/2 = 130{,}320$" in q5 and "($P + n - 1 = 511$)" in q5
+    assert "255× token ratio" in q5
+
+
+def test_the_gpu_paragraph_counts(lab02):
+    """~25 MB of bf16 weights; the H200 figures are benchmarks/RESULTS.md's (455 and 2954 tok/s)."""
+    model = lab02["model"]
+    assert f"{2 * model.num_params() / 1e6:.0f}" == "24"
+    text = _flat(_by_id("02_md_gpu"))
+    assert "moves only ~25 MB per step" in text
+    results = _flat((REPO / "benchmarks" / "RESULTS.md").read_text())
+    assert "| shipped target | bf16 | 25.9 MB | (in L2) | 455 | 2954 | | |" in results
+    assert f"{1e3 / 455:.1f}" == "2.2" and f"{1e3 / 2954:.2f}" == "0.34"
+    assert "took 2.2 ms launched op by op and 0.34 ms replayed as one CUDA graph" in text
+    assert "| 7b | bf16 | 320 tok/s | 190 tok/s, 0.59 | 202, 0.63 | 233, **0.73** | 252, **0.79** |" \
+        in results
