@@ -107,7 +107,9 @@ def test_q1_quotes_the_chi_square_of_the_histogram_cell(lab05):
 
 
 def test_q2_quotes_the_sampled_acceptance(lab05):
-    printed = _run(lab05, _starting('prompt = tok.encode("ROMEO.\\n")\nout_t, stats_t'), "T = 0.8")
+    cell = _starting('prompt = tok.encode("ROMEO.\\n")\nout_t, stats_t')
+    printed = _run(lab05, cell, "T = 0.8")
+    assert _run(lab05, cell, "T = 0.8") == printed, "the sampled run is not seeded: it printed differently"
     alpha = f"{lab05['stats_t']['alpha']:.2f}"
     assert f"temperature 0.8: alpha = {alpha}" in printed
     assert f"Measured: α = {alpha} at 0.8 against 0.77–0.84 greedy." in _by_id("05_q2"), alpha
