@@ -232,3 +232,85 @@ def test_lab03_a_poor_design_loses_the_design_points(lab03, poor):
     exec(compile(code, "03_design", "exec"), ns)
     with pytest.raises(AssertionError, match=why.replace(".", r"\.")):
         exec(compile(src["03_design_test"], "03_design_test", "exec"), ns)
+
+
+# --- lab 05: the draft length is the student's decision (05_choose_k), graded by its outcome -----
+# Two different correct rules: the solution (fit a line to the measured v, take the k whose
+# formula speed-up is highest, 0 if none beats 1) and a hill climb that interpolates v between the
+# measured k (extrapolating from the last two) and stops at the first k that gains nothing (it
+# can stop at a local optimum: it still lands within the margin). The poor designs: constant k,
+# and "the longest measured draft".
+CLIMB = '''def choose_k(alpha, c, verify_cost):
+    ks = sorted(verify_cost)
+
+    def v(k):
+        if k in verify_cost:
+            return verify_cost[k]
+        below, above = [j for j in ks if j < k], [j for j in ks if j > k]
+        lo, hi = (below[-1], above[0]) if below and above else (ks[-2], ks[-1]) if below else (ks[0], ks[1])
+        return verify_cost[lo] + (verify_cost[hi] - verify_cost[lo]) * (k - lo) / (hi - lo)
+    k, best = 0, 1.0
+    while k < lab05.K_MAX:
+        nxt = expected_speedup(alpha, k + 1, c, v(k + 1))
+        if nxt < best:
+            break
+        k, best = k + 1, nxt
+    return k
+'''
+POOR_RULES = {"k = 3 always": "def choose_k(alpha, c, verify_cost):\n    return 3\n",
+              "k = 4 always": "def choose_k(alpha, c, verify_cost):\n    return 4\n",
+              "the longest measured draft": "def choose_k(alpha, c, verify_cost):\n"
+                                            "    return max(verify_cost)\n"}
+
+
+@pytest.fixture
+def lab05_formulas():
+    """What 05_choose_k_test needs in one namespace: numpy, torch, lab05 and the solution's
+    formulas (no models: the test hands plain numbers to choose_k)."""
+    import numpy as np
+
+    from autograder.labs import lab05
+    src = cells("05_speculative")
+    ns: dict = {"np": np, "torch": torch, "lab05": lab05}
+    exec(compile(src["05_formula"], "05_formula", "exec"), ns)
+    return src, ns
+
+
+@pytest.mark.parametrize("rule", ["solution", "hill climb"])
+def test_lab05_choose_k_gives_two_different_rules_full_marks(lab05_formulas, rule, capsys):
+    src, ns = lab05_formulas
+    exec(compile(src["05_choose_k"] if rule == "solution" else CLIMB, "05_choose_k", "exec"), ns)
+    exec(compile(src["05_choose_k_test"], "05_choose_k_test", "exec"), ns)   # visible + hidden
+    printed = capsys.readouterr().out
+    assert "choose_k: visible checks passed" in printed
+    assert printed.count("(at least 95% required)") == 3 + 5 + 16, printed
+
+
+def test_lab05_the_two_rules_differ(lab05_formulas):
+    """The hill climb is not the solution in disguise: on one machine it picks another k."""
+    src, ns = lab05_formulas
+    picks = []
+    for code in (src["05_choose_k"], CLIMB):
+        exec(compile(code, "05_choose_k", "exec"), ns)
+        picks.append(ns["choose_k"](0.69, 0.21, {k: round(1.32 + 0.18 * k, 2) for k in (1, 2, 3, 4, 6)}))
+    assert picks == [2, 0], picks
+
+
+@pytest.mark.parametrize("rule", sorted(POOR_RULES))
+def test_lab05_choose_k_test_fails_a_poor_rule(lab05_formulas, rule):
+    src, ns = lab05_formulas
+    exec(compile(POOR_RULES[rule], "05_choose_k", "exec"), ns)
+    with pytest.raises(AssertionError, match=r"under 95% of k = \d+'s"):
+        exec(compile(src["05_choose_k_test"], "05_choose_k_test", "exec"), ns)
+
+
+def test_lab05_choose_k_test_fails_a_rule_that_only_the_hidden_part_catches(lab05_formulas):
+    """A rule tuned to the three visible machines (a table of their answers, k = 3 elsewhere)
+    passes the visible part and loses the points in the hidden one."""
+    src, ns = lab05_formulas
+    exec(compile("def choose_k(alpha, c, verify_cost):\n"
+                 "    return {0.83: 5, 0.8: 8, 0.3: 0}.get(alpha, 3)\n", "05_choose_k", "exec"), ns)
+    visible, hidden = src["05_choose_k_test"].split("### BEGIN HIDDEN TESTS")
+    exec(compile(visible, "05_choose_k_test (visible)", "exec"), ns)
+    with pytest.raises(AssertionError, match="under 95%"):
+        exec(compile(src["05_choose_k_test"], "05_choose_k_test", "exec"), ns)

@@ -20,6 +20,7 @@ PROMPT = "HAMLET.\nTo be, or not to be, that is the question:\n"
 THRESHOLD = 1.4
 WARMUP, REPEATS = 1, 5
 BENCH_KS = (1, 2, 3, 4, 6)   # the draft lengths the lab's bench cell measures
+K_MAX = 12                   # the longest draft 05_choose_k may pick
 
 
 def bench_command() -> list[str]:
@@ -183,4 +184,4 @@ SPEED_CHECK = SpeedCheck(
          "step?")
 check_speculative_speedup = SPEED_CHECK.check
 __all__ = ["speculative_run", "timed_speculative", "greedy_plain", "check_speculative_speedup",
-           "bench_command", "OracleDrafter", "PROMPT", "NEW_TOKENS", "K", "BENCH_KS"]
+           "bench_command", "OracleDrafter", "PROMPT", "NEW_TOKENS", "K", "BENCH_KS", "K_MAX"]
