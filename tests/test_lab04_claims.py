@@ -118,3 +118,39 @@ def test_the_kernel_tests_print_their_gpu_threshold(lab04, fmt):
     speed = lab04["tri"].GPU_SPEED
     assert (f"on a GPU: at least {speed['min_fraction_of_copy']:.0%} of a device copy's speed and "
             f"{speed['min_ratio_to_reference']:g}x the course kernel's") in printed, printed
+
+
+def test_the_w4a16_design_text_states_what_the_checks_do(lab04):
+    """Section 11's description of the graded w4a16 cases and thresholds is what
+    lab04_triton holds (the thresholds, the shapes, the group sizes, the dtypes)."""
+    tri = lab04["tri"]
+    text = " ".join(_by_id("04_md_kernel").split())
+    speed = tri.GPU_SPEED
+    assert f"at least {speed['min_fraction_of_copy']:.0%}".replace("%", " %") in text
+    assert speed["min_ratio_to_reference"] == 0.25 and "a quarter of the course's kernel's speed" in text
+    cases = tri.CASES["w4a16_gemv"]
+    ms, groups = [c["M"] for c in cases], [c["group_size"] for c in cases]
+    assert f"$M = {min(ms)}$ to {max(ms)}" in text, (min(ms), max(ms))
+    assert f"groups of {min(groups)} to {max(groups)}" in text, (min(groups), max(groups))
+    assert all(c["N"] & (c["N"] - 1) for c in cases), "N off every power of two"
+    assert {str(c["dtype"]).replace("torch.", "") for c in cases} == {"float32", "bfloat16",
+                                                                      "float16"}
+    assert "fp32/bf16/fp16 $x$" in text
+    assert all(c["K"] % c["group_size"] == 0 for c in cases)   # "K is always a multiple of G"
+
+
+def test_q1_quotes_the_batch_1_napkin_the_section_1_cell_prints(lab04):
+    """Q1's model answer: bf16 and int4 g = 128 weights of Llama-2-13B, their floors and the
+    ratio, as the napkin cell of section 1 prints them (deterministic: roofline's presets)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    _run(lab04, _by_id("04_bits"), "04_bits")
+    printed = _run(lab04, _starting("# Lab 01's napkin: Llama-2-13B"), "napkin 13B")
+    rows = {name: figures for name, *figures in re.findall(
+        r"^\s*(.+?):\s+[\d.]+ bits/weight, weights\s+([\d.]+) GB, floor\s+([\d.]+) ms/token = "
+        r"([\d.]+)x", printed, re.M)}
+    (gb, ms, _), (gb4, ms4, ratio) = rows["bf16"], rows["int4, g = 128"]
+    answer = " ".join(_by_id("04_q1").split())
+    assert f"bf16 weights are {gb} GB and the floor is {ms} ms per token" in answer, (gb, ms)
+    assert f"{gb4} GB, and the floor drops to {ms4} ms" in answer, (gb4, ms4)
+    assert f"That is {ratio}×, not 4×" in answer, ratio
