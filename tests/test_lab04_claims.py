@@ -223,6 +223,8 @@ def measured(lab04):
     matplotlib.use("Agg")
     for gid in ("04_bits", "04_mixed"):
         _run(lab04, _by_id(gid), gid)
+    formats = _starting("# QuantLinear stores your codes")     # your_formats, for the AWQ cell
+    _run(lab04, formats[:formats.index("int4_model = ")], "your_formats")
     out = {}
     for key, start in (("table", "def linear_bits("), ("errors", "calib_x = linear_inputs("),
                        ("outliers", "kinds = {"), ("w8a8", "class Int8Mixed("),
@@ -247,7 +249,7 @@ def test_section_5_sentences_quote_the_table(measured):
     assert f"lowest perplexity, {ppl['int4 g=128']:.2f}, even below the original model's " \
            f"{base:.2f}" in q2
     assert (f"groups of 32 did ({kl['int4 g=32']:.4f}, against {kl['int4 g=64']:.4f} for g = 64, "
-            f"{kl['int4 g=128']:.4f} for g = 128 and {kl['int4 per channel']:.4f} per channel), and "
+            f"{kl['int4 g=128']:.4f} for g = 128 and {kl['int4 per channel']:.5f} per channel), and "
             f"g = 32's perplexity, {ppl['int4 g=32']:.2f}") in q2
     q3 = " ".join(_by_id("04_q3").split())
     for want in (f"int4 g = 64 (4.5 bits) gives {kl['int4 g=64']:.4f}",
@@ -258,12 +260,17 @@ def test_section_5_sentences_quote_the_table(measured):
                  f"rises {100 * (ppl['int3 g=64'] / base - 1):.1f} % at int3 ({ppl['int3 g=64']:.2f})",
                  f"{100 * (ppl['int2 g=64'] / base - 1):.0f} % at int2 ({ppl['int2 g=64']:.2f})",
                  f"Int4 per channel costs {r['int4 per channel']['bits']:.2f} bits, KL "
-                 f"{kl['int4 per channel']:.4f}",
+                 f"{kl['int4 per channel']:.5f}.",
                  f"KL {kl['int4 g=128']:.4f}: {4.25 - r['int4 per channel']['bits']:.2f} extra bits",
                  f"multiplies the KL by {kl['int3 g=64'] / kl['int4 per channel']:.1f}",
                  f"only reaches {kl['int4 g=64']:.4f}, and g = 32 (+0.5 more) {kl['int4 g=32']:.4f}"):
         assert want in q3, want
     assert kl["int4 g=128"] / kl["int4 per channel"] < 2 / 3     # "by more than a third"
+    # "Each bit removed roughly doubles the per-layer error": int4 g=64 -> int3 g=64
+    err = dict(re.findall(r"^\s*(.+?): median layer output error ([\d.e+-]+)", measured["errors"],
+                          re.M))
+    assert 1.5 <= float(err["int3 g=64"]) / float(err["int4 g=64"]) <= 2.5, err
+    assert "Each bit removed roughly doubles the per-layer error" in noise
 
 
 @pytest.mark.slow
@@ -306,5 +313,73 @@ def test_section_7_sentences_quote_the_awq_cell(measured):
     assert f"the median ratio, {median}, lower in {lower} layers) and about a tenth off the KL " \
            f"({rtn} to {awq})" in text
     assert 0.08 <= 1 - float(awq) / float(rtn) <= 0.15          # "about a tenth"
+    ppl_rtn, ppl_awq = re.findall(r"int4 g=64 +(?:RTN|AWQ): held-out ppl ([\d.]+)", printed)
+    assert "it can even come out the wrong way" in text and float(ppl_awq) > float(ppl_rtn)
     q5 = " ".join(_by_id("04_q5").split())
     assert f"median of {median} (best {float(best):.2f}), and KL went from {rtn} to {awq}" in q5
+
+
+def test_q1_batch_256_figures_are_the_napkins(lab04):
+    """Q1's batch-256 step, as the Q1 value cell computes it (roofline.napkin, bf16 KV cache)."""
+    _run(lab04, _by_id("04_bits"), "04_bits")
+    _run(lab04, _starting("# Lab 01's napkin: Llama-2-13B"), "napkin 13B")
+    printed = _run(lab04, _by_id("04_q1_value"), "04_q1_value")
+    roofline, schemes = lab04["roofline"], lab04["schemes_13b"]
+
+    def at(name, batch):
+        return roofline.napkin("llama-2-13b", "h100", batch=batch, seq_len=1000,
+                               bytes_per_param=schemes[name] / 8, kv_bytes_per_value=2)
+    one16, one4 = at("bf16", 1), at("int4, g = 128", 1)
+    b16, b4, b8 = at("bf16", 256), at("int4, g = 128", 256), at("int8 (per channel)", 256)
+    kv = one16["kv_bytes"] / 1e9
+    answer = " ".join(_by_id("04_q1").split())
+    assert (f"$({one16['param_bytes'] / 1e9:.2f} + {kv:.2f})/({one4['param_bytes'] / 1e9:.2f} + "
+            f"{kv:.2f}) = {one16['latency_s'] / one4['latency_s']:.2f}$") in answer
+    assert f"$256 \\times {kv:.2f} = {b16['kv_bytes'] / 1e9:.1f}$ GB" in answer
+    speed = b16["latency_s"] / b4["latency_s"]
+    assert f"{speed:.3f}x faster" in printed
+    assert (f"from {b16['memory_bytes'] / 1e9:.1f} GB to {b4['memory_bytes'] / 1e9:.1f} GB "
+            f"({b16['latency_s'] * 1e3:.1f} → {b4['latency_s'] * 1e3:.1f} ms), about "
+            f"**{speed:.2f}×** (int8: {b16['latency_s'] / b8['latency_s']:.2f}×)") in answer
+    fits = roofline.max_batch_that_fits("llama-2-13b", "h100", 1000, kv_bytes_per_value=2)
+    assert f"{b16['memory_bytes'] / 1e9:.0f} GB is far beyond" in answer and \
+        f"only {fits} sequences fit" in answer and not b16["fits"]
+
+
+def test_the_gpu_section_quotes_the_napkin_and_results_md(lab04):
+    """"On a GPU: time it": the H100's bandwidth, the byte ratios the CPU branch prints, and the
+    speed-ups quoted from RESULTS.md's Fifth run goals table (N = K = 4096, M = 1)."""
+    text = " ".join(_by_id("04_md_gpu").split())
+    h100 = lab04["roofline"].get_hardware("h100")
+    assert f"divided by {h100.mem_bandwidth_bytes_per_s / 1e12:.2f} TB/s" in text
+    if not torch.cuda.is_available():
+        printed = _run(lab04, _starting("N = K = 4096\nG = 128"), "gpu napkin")
+        ratios = dict(re.findall(r"^\s*(\w+):.*= ([\d.]+)x bf16", printed, re.M))
+        assert ratios["w8a16"] == "2.00" and f"{float(ratios['w4a16']):.1f}" == "3.6", ratios
+        assert "short of the byte ratios (2× and about 3.6×)" in text
+    results = (REPO / "benchmarks" / "RESULTS.md").read_text()
+    goals = results[results.index("### Fifth run"):]
+    goals = goals[goals.index("**The goals, run 2 (H100) and run 3 (H200)**"):]
+    got = {gpu: re.search(rf"^\| {gpu} \| 4096 \| 1 \| .*?\*\*([\d.]+)x\*\* \| .*?\*\*([\d.]+)x\*\*",
+                          goals, re.M).groups() for gpu in ("H100", "H200")}
+    assert (f"reaching {got['H100'][0]}× (w8a16) and {got['H100'][1]}× (w4a16) over cuBLAS on an "
+            f"H100, and {got['H200'][0]}× and {got['H200'][1]}× on an H200") in text, got
+
+
+def test_the_gpu_kernel_times_and_the_slides_napkin(lab04):
+    """"a kernel that takes 10-19 µs" spans RESULTS.md's goals table at 4096, M = 1; the slides'
+    "int8 ≈ 2×, int4 ≈ 3.5×" are section 1's napkin ratios (1.94x, 3.47x) rounded."""
+    results = (REPO / "benchmarks" / "RESULTS.md").read_text()
+    goals = results[results.index("**The goals, run 2 (H100) and run 3 (H200)**"):]
+    times = [float(re.match(r"[\d.]+", cell.strip()).group())
+             for row in re.findall(r"^\| H[12]00 \| 4096 \| 1 \| (.*)\|$", goals, re.M)
+             for cell in row.split("|")]
+    assert len(times) == 6 and (round(min(times)), round(max(times))) == (10, 19), times
+    assert "a kernel that takes 10-19 µs" in " ".join(_by_id("04_md_gpu").split())
+    _run(lab04, _by_id("04_bits"), "04_bits")
+    printed = _run(lab04, _starting("# Lab 01's napkin: Llama-2-13B"), "napkin 13B")
+    ratio = dict(re.findall(r"^\s*(.+?):.*= ([\d.]+)x bf16", printed, re.M))
+    assert round(float(ratio["int8 (per channel)"])) == 2 and \
+        round(2 * float(ratio["int4, g = 128"])) / 2 == 3.5, ratio
+    slides = (REPO / "slides" / "04_quantization.md").read_text()
+    assert "int8 ≈ **2×**, int4 ≈ **3.5×**" in slides and "8 bits ≈ 2×, 4 bits ≈ 3.5×" in slides
