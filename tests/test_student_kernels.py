@@ -254,6 +254,8 @@ MISTAKES = {
     "nibbles swapped": ("w4a16_gemv", "lo, hi = byte & 0xF, byte >> 4", "lo, hi = byte >> 4, byte & 0xF",
                         "differ"),
     "zero point forgotten": ("w4a16_gemv", "- z[:, None]", "- 0.0 * z[:, None]", "differ"),
+    "a grid for one row of x": ("w4a16_gemv", "grid = (triton.cdiv(N, block_n), M)",
+                                "grid = (triton.cdiv(N, block_n), 1)", "never stored those outputs"),
 }
 # the w4a16 launcher's mistakes: the solution's module with w4a16_gemv redefined after it
 _DEQUANT = """

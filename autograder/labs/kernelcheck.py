@@ -50,9 +50,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 class Record:
-    """What the launches made of a watched output buffer during `recording`: how many launched,
-    which elements a launch changed (`stored`), and whether anything changed it after the last
-    launch (`late`); `foreign`: the float tensors a launch was given that are none of `given` and
+    """What the launches made of a watched output buffer during `recording` (it starts as NaN):
+    how many launched, which elements a launch changed (`stored`; in the summary, `unstored`
+    counts the outputs that hold a value no launch stored), and whether anything changed the
+    buffer after the last launch (`late`); `foreign`: the float tensors a launch was given that are none of `given` and
     hold at least `big` elements (a weight dequantized outside the kernel)."""
 
     def __init__(self, buffer: torch.Tensor, given: list, big: int):
@@ -79,8 +80,9 @@ class Record:
         pad = view.data_ptr() - self.buffer.data_ptr()
         pad //= view.element_size()
         part = slice(pad, pad + view.numel())
+        by_torch = ~self.stored[part] & ~torch.isnan(self.buffer[part])   # set, not by a launch
         return {"launches": self.launches, "foreign": list(self.foreign),
-                "unstored": int((~self.stored[part]).sum()),
+                "unstored": int(by_torch.sum()),
                 "late": int((_bits(self.buffer) != _bits(self.last)).sum())}
 
 

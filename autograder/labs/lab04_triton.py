@@ -181,9 +181,9 @@ def _judge(name: str, summary: dict) -> None:
                              f"the last launch: your kernel must store y in `out` (torch may only "
                              f"prepare it before, e.g. out.zero_() for tl.atomic_add)")
     if summary["unstored"]:
-        raise AssertionError(f"{name}: {summary['unstored']} outputs were not stored by any launch "
-                             f"through tri.launch (computed in torch? launched with kernel[grid] "
-                             f"directly? or a tile your grid misses)")
+        raise AssertionError(f"{name}: {summary['unstored']} outputs hold values that no launch "
+                             f"through tri.launch stored (computed in torch? launched with "
+                             f"kernel[grid] directly?)")
 
 
 @probe
@@ -301,7 +301,10 @@ def check_case(what: str, kernel, case: dict, seed: int, name: str | None = None
     if bool(torch.isnan(got).any()):
         raise AssertionError(f"{name}: NaN in the output. The inputs are fenced by NaN, so a "
                              f"load past the end of a tensor without a mask reads NaN (the Triton "
-                             f"interpreter does not fault on it; a GPU might, or read garbage)")
+                             f"interpreter does not fault on it; a GPU might, or read garbage)"
+                             + (" -- or your launches never stored those outputs (`out` starts as "
+                                "NaN): does your grid cover every row and column?"
+                                if what == "w4a16_gemv" else ""))
     tol = 1e-4 if case.get("dtype", F32) == F32 else 2e-2
     assert_close(got.float(), want.float(), atol=tol, rtol=tol, name=name)
 
