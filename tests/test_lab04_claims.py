@@ -383,3 +383,27 @@ def test_the_gpu_kernel_times_and_the_slides_napkin(lab04):
         round(2 * float(ratio["int4, g = 128"])) / 2 == 3.5, ratio
     slides = (REPO / "slides" / "04_quantization.md").read_text()
     assert "int8 ≈ **2×**, int4 ≈ **3.5×**" in slides and "8 bits ≈ 2×, 4 bits ≈ 3.5×" in slides
+
+
+def test_the_full_split_perplexities_quote_results_md():
+    """Sections 7 and 9, Q2 and the slides quote RESULTS.md's full-split table exactly (the
+    slides to two decimals)."""
+    results = (REPO / "benchmarks" / "RESULTS.md").read_text()
+    section = results[results.index("## Lab 04's full held-out split"):]
+    ppl = dict(re.findall(r"^\| `minillm eval ppl (.*?)--json`.*? \| ([\d.]+) \|", section, re.M))
+    fp32, int8, rtn, awq, kv = (ppl[k] for k in ("", "--quant int8 ", "--quant int4-g64 ",
+                                                 "--quant int4-awq ", "--kv-int8 "))
+    table = " ".join(_by_id("04_md_awq_read").split())
+    for flags, value in (("", fp32), ("--quant int8 ", int8), ("--quant int4-g64 ", rtn),
+                         ("--quant int4-awq ", awq)):
+        assert re.search(rf"`minillm eval ppl {flags}--json`[^|]*\| {value} \|", table), flags
+    assert f"measured {kv} against {fp32} for the float cache" in " ".join(
+        _by_id("04_md_kv_cost").split())
+    assert f"separates fp32 {fp32}, AWQ {awq} and RTN {rtn}" in " ".join(_by_id("04_q2").split())
+    slides = " ".join((REPO / "slides" / "04_quantization.md").read_text().split())
+    from decimal import ROUND_HALF_UP, Decimal
+    two = {k: str(Decimal(v).quantize(Decimal("0.01"), ROUND_HALF_UP)) for k, v in (("fp32", fp32), ("int8", int8), ("int4-g64", rtn),
+                                              ("int4-awq", awq))}
+    assert (f"fp32 {two['fp32']}, int8 {two['int8']}, int4-g64 {two['int4-g64']}, int4-awq "
+            f"{two['int4-awq']}") in slides, two
+    assert f"(`minillm eval ppl --kv-int8`): {kv} vs {fp32}" in slides
