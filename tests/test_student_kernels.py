@@ -2,10 +2,16 @@
 
 * the notebook's own solution kernels pass every check;
 * a second set, written independently and differently (a reduction kept 2-D until the end, a
-  one-pass RMSNorm, nibbles split into two half-tiles with x read at stride 2...), passes too:
-  the checks grade what a kernel computes, not how the course wrote it;
+  one-pass RMSNorm...), passes too: the checks grade what a kernel computes, not how the course
+  wrote it;
+* the w4a16 GEMV is the student's design (kernel AND launcher): the notebook's (one group per
+  step, the scale applied once per group) and a second one (split over K, several groups per
+  tile, partial sums in a scratch buffer reduced by a second kernel) both get full marks; an
+  `out.zero_()` before the launch is fine;
 * the classic mistakes fail with a message that names them: a store or load without a mask on
-  the tail, a group index taken once per tile, the nibbles swapped, the scale forgotten;
+  the tail, the nibbles swapped, the scale or the zero point forgotten, and in the w4a16
+  launcher: y computed in torch, a weight dequantized in torch, a kernel launched around
+  tri.launch, y copied into `out` after the kernel;
 * a kernel is judged by what it writes: what its body looks like is not graded (in the CPU
   interpreter a body is Python), anything but a Triton kernel is refused (`kernel[grid]` needs
   one), and the course's kernels handed in fail on their own signatures;
@@ -37,7 +43,13 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "labs" / "04_quantization" / "04_quantization.ipynb"
 KERNEL_CELLS = {"04_tri_silu": "silu_mul", "04_tri_rmsnorm": "rmsnorm", "04_tri_matvec": "matvec",
                 "04_gemv_w8": "w8a16_gemv", "04_gemv_w4": "w4a16_gemv"}
-HEADER = "import torch\nimport triton\nimport triton.language as tl\nimport kernels\n\n\n"
+HEADER = ("import torch\nimport triton\nimport triton.language as tl\nimport kernels\n"
+          "from autograder.labs import lab04_triton as tri\n\n\n")
+
+
+def graded(module, what: str):
+    """What the test cell hands the check: the kernel, or for w4a16 the student's launcher."""
+    return getattr(module, what if what == "w4a16_gemv" else f"{what}_kernel")
 
 
 @pytest.fixture
@@ -108,7 +120,7 @@ def solution(module_from):
 
 @pytest.mark.parametrize("what", list(KERNEL_CELLS.values()))
 def test_the_notebook_solution_passes(solution, what):
-    getattr(tri, f"check_{what}")(getattr(solution, f"{what}_kernel"))
+    getattr(tri, f"check_{what}")(graded(solution, what))
 
 
 OTHER = HEADER + r'''
@@ -169,40 +181,61 @@ def w8a16_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, N, K, stride_xm, stride_qn, st
 
 
 @triton.jit
-def w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, N, K, stride_xm, stride_qn, stride_sn,
-                      stride_ym, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
-    # walks bytes, not codes: half a tile of bytes = BLOCK_K codes, even and odd k apart
-    HALF: tl.constexpr = BLOCK_K // 2
+def w4_split_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, M, N, K, stride_xm, stride_qn,
+                    stride_sn, BYTES_PER_SPLIT, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_B: tl.constexpr):
+    # program (pid_n, m, split): a partial sum over the split's bytes, BLOCK_B bytes (2 * BLOCK_B
+    # codes, several groups) per step, scale and zero per code; even and odd k apart
     row = tl.program_id(1)
+    split = tl.program_id(2)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
+    j_end = tl.minimum((split + 1) * BYTES_PER_SPLIT, K // 2)
     out = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j0 in range(0, K // 2, HALF):
-        j = j0 + tl.arange(0, HALF)
-        ok = n_ok[:, None] & (j < K // 2)[None, :]
+    for j0 in range(split * BYTES_PER_SPLIT, j_end, BLOCK_B):
+        j = j0 + tl.arange(0, BLOCK_B)
+        j_ok = j < j_end
+        ok = n_ok[:, None] & j_ok[None, :]
         b = tl.load(q_ptr + n[:, None] * stride_qn + j[None, :], mask=ok, other=0).to(tl.int32)
-        k_even, k_odd = 2 * j, 2 * j + 1
         for half in tl.static_range(2):
-            if half == 0:
-                k = k_even
-                code = b & 15
-            else:
-                k = k_odd
-                code = (b >> 4) & 15
+            k = 2 * j + half
+            code = (b >> (4 * half)) & 15
             idx = n[:, None] * stride_sn + (k // GROUP)[None, :]
             s = tl.load(s_ptr + idx, mask=ok, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + idx, mask=ok, other=0.0).to(tl.float32)
-            xv = tl.load(x_ptr + row * stride_xm + k, mask=j < K // 2, other=0.0).to(tl.float32)
+            xv = tl.load(x_ptr + row * stride_xm + k, mask=j_ok, other=0.0).to(tl.float32)
             out += tl.sum((code.to(tl.float32) - z) * s * xv[None, :], axis=1)
-    tl.store(y_ptr + row * stride_ym + n, out.to(y_ptr.dtype.element_ty), mask=n_ok)
+    tl.store(part_ptr + (split * M + row) * N + n, out, mask=n_ok)
+
+
+@triton.jit
+def w4_reduce_kernel(part_ptr, y_ptr, MN, N, stride_ym, SPLITS: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < MN
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        total += tl.load(part_ptr + s * MN + i, mask=ok, other=0.0)
+    tl.store(y_ptr + (i // N) * stride_ym + i % N, total.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def w4a16_gemv(x, qweight, scales, zeros, group_size, out):
+    (M, K), N = x.shape, qweight.shape[0]
+    splits, block_n, block_b = (8, 64, 64) if x.is_cuda else (2, 32, 32)
+    per_split = triton.cdiv(triton.cdiv(K // 2, splits), block_b) * block_b
+    part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+    tri.launch(w4_split_kernel, (triton.cdiv(N, block_n), M, splits), x, qweight, scales, zeros,
+               part, M, N, K, x.stride(0), qweight.stride(0), scales.stride(0), per_split,
+               GROUP=group_size, BLOCK_N=block_n, BLOCK_B=block_b)
+    tri.launch(w4_reduce_kernel, (triton.cdiv(M * N, 128),), part, out, M * N, N, out.stride(0),
+               SPLITS=splits, BLOCK=128)
 '''
 
 
 @pytest.mark.parametrize("what", list(KERNEL_CELLS.values()))
 def test_a_differently_written_kernel_passes(module_from, what):
     other = module_from(OTHER, "other")
-    getattr(tri, f"check_{what}")(getattr(other, f"{what}_kernel"))
+    getattr(tri, f"check_{what}")(graded(other, what))
 
 
 # (kernel, old, new, words the failure must contain): each a classic mistake in the solution
@@ -214,26 +247,64 @@ MISTAKES = {
     "mean over the block, not the row": ("rmsnorm", "tl.sum(sq, axis=0) / C", "tl.sum(sq, axis=0) / BLOCK",
                                          "differ"),
     "scale forgotten": ("w8a16_gemv", "(acc * s).to(", "(acc).to(", "differ"),
-    "nibbles swapped": ("w4a16_gemv", "(ks % 2) * 4", "(1 - ks % 2) * 4", "differ"),
-    "one group per tile": ("w4a16_gemv", "grp = ks // GROUP", "grp = k0 // GROUP", "differ"),
     "the course's kernel called": ("w8a16_gemv", "acc += tl.sum(q *",
                                    "kernels.w8a16_matmul(x, q, s)\n        acc += tl.sum(q *", "Error"),
+    "w4a16 store without a mask": ("w4a16_gemv", "acc.to(y_ptr.dtype.element_ty), mask=row_ok)",
+                                   "acc.to(y_ptr.dtype.element_ty))", "wrote outside"),
+    "nibbles swapped": ("w4a16_gemv", "lo, hi = byte & 0xF, byte >> 4", "lo, hi = byte >> 4, byte & 0xF",
+                        "differ"),
+    "zero point forgotten": ("w4a16_gemv", "- z[:, None]", "- 0.0 * z[:, None]", "differ"),
+    "a grid for one row of x": ("w4a16_gemv", "grid = (triton.cdiv(N, block_n), M)",
+                                "grid = (triton.cdiv(N, block_n), 1)", "never stored those outputs"),
+}
+# the w4a16 launcher's mistakes: the solution's module with w4a16_gemv redefined after it
+_DEQUANT = """
+    codes = torch.stack([qweight & 15, qweight >> 4], -1).flatten(1).float()
+    w = (codes - zeros.repeat_interleave(group_size, 1)) * scales.repeat_interleave(group_size, 1)
+"""
+LAUNCHER_MISTAKES = {
+    "y computed in torch": (_DEQUANT + "    out.copy_(x.float() @ w.T)\n",
+                            "no kernel was launched through tri.launch"),
+    "weight dequantized in torch": (_DEQUANT + """
+    for m in range(x.shape[0]):
+        tri.launch(matvec_kernel, (triton.cdiv(w.shape[0], 16),), w, x[m], out[m], *w.shape,
+                   *w.stride(), BLOCK_N=16, BLOCK_K=32)
+""", "a dequantized copy of W"),
+    "launched around tri.launch": ("""
+    w4a16_gemv_kernel[(triton.cdiv(qweight.shape[0], 16), x.shape[0])](
+        x, qweight, scales, zeros, out, qweight.shape[0], x.shape[1], x.stride(0),
+        qweight.stride(0), scales.stride(0), out.stride(0), GROUP=group_size, BLOCK_N=16)
+""", "no kernel was launched through tri.launch"),
+    "y copied into out after the kernel": ("""
+    y = torch.empty_like(out)
+    tri.launch(w4a16_gemv_kernel, (triton.cdiv(qweight.shape[0], 16), x.shape[0]), x, qweight,
+               scales, zeros, y, qweight.shape[0], x.shape[1], x.stride(0), qweight.stride(0),
+               scales.stride(0), y.stride(0), GROUP=group_size, BLOCK_N=16)
+    out.copy_(y)
+""", "changed after the last launch"),
+    "the course's kernel launched": ("""
+    from kernels.dequant_matmul import _w4a16_fma_kernel
+    tri.launch(_w4a16_fma_kernel, (1,), x, qweight, scales, zeros, out)
+""", "one of the course's kernels"),
 }
 # what a kernel's body looks like is not graded: these compute the right values and pass (the
-# first two would not compile on a GPU, where the check then fails on its results)
+# first two would not compile on a GPU, where the check then fails on its results); nor is
+# torch preparing `out` before the launch
 NOT_GRADED = {
-    "torch inside the kernel": ("w4a16_gemv", "acc += tl.sum((q - z)",
-                                "torch.zeros(1)\n        acc += tl.sum((q - z)"),
+    "torch inside the kernel": ("w4a16_gemv", "acc += s * tl.sum(part",
+                                "torch.zeros(1)\n        acc += s * tl.sum(part"),
     "the interpreter's handle": ("matvec", "acc += tl.sum(w *", "w.handle\n        acc += tl.sum(w *"),
-    "a course helper": ("w4a16_gemv", "q = ((byte >> ((ks % 2) * 4)[None, :]) & 0xF).to(tl.float32)",
-                        "q = _uint_to_f32((byte >> ((ks % 2) * 4)[None, :]) & 0xF)"),
+    "a course helper": ("w4a16_gemv", "lo, hi = byte & 0xF, byte >> 4",
+                        "lo, hi = _uint_to_f32(byte & 0xF), _uint_to_f32(byte >> 4)"),
+    "out zeroed before the launch": ("w4a16_gemv", "    grid = (triton.cdiv(N, block_n), M)",
+                                     "    out.zero_()\n    grid = (triton.cdiv(N, block_n), M)"),
 }
 
 
 def _variant(module_from, name: str, old: str, new: str):
     src = _solution_source().replace(
         "import kernels\n", "import kernels\nfrom kernels.dequant_matmul import _uint_to_f32\n")
-    assert src.count(old) == 1, old
+    assert src.count(old) >= 1, old
     return module_from(src.replace(old, new), re.sub(r"\W", "_", name))
 
 
@@ -242,13 +313,22 @@ def test_classic_mistakes_fail_and_say_why(module_from, mistake):
     what, old, new, words = MISTAKES[mistake]
     bad = _variant(module_from, mistake, old, new)
     with pytest.raises(Exception, match=re.escape(words)):
-        getattr(tri, f"check_{what}")(getattr(bad, f"{what}_kernel"))
+        getattr(tri, f"check_{what}")(graded(bad, what))
+
+
+@pytest.mark.parametrize("mistake", list(LAUNCHER_MISTAKES))
+def test_a_w4a16_launcher_that_does_not_store_y_by_its_kernel_fails(module_from, mistake):
+    body, words = LAUNCHER_MISTAKES[mistake]
+    src = _solution_source() + "\n\ndef w4a16_gemv(x, qweight, scales, zeros, group_size, out):" + body
+    bad = module_from(src, re.sub(r"\W", "_", mistake))
+    with pytest.raises(AssertionError, match=re.escape(words)):
+        tri.check_w4a16_gemv(bad.w4a16_gemv)
 
 
 @pytest.mark.parametrize("variant", list(NOT_GRADED))
 def test_how_a_kernel_is_written_is_not_graded(module_from, variant):
     what, old, new = NOT_GRADED[variant]
-    getattr(tri, f"check_{what}")(getattr(_variant(module_from, variant, old, new), f"{what}_kernel"))
+    getattr(tri, f"check_{what}")(graded(_variant(module_from, variant, old, new), what))
 
 
 def test_only_a_triton_kernel_launches_and_the_courses_fail_on_their_signatures(solution):
@@ -283,7 +363,7 @@ def test_what_runs_is_the_kernels_own_function(module_from):
 
 @pytest.mark.parametrize("fmt", ["w8a16", "w4a16"])
 def test_the_gpu_speed_check_runs_as_a_dry_run(solution, fmt):
-    r = tri.check_gemv_speed(fmt, getattr(solution, f"{fmt}_gemv_kernel"), dry_run=True, N=32,
+    r = tri.check_gemv_speed(fmt, graded(solution, f"{fmt}_gemv"), dry_run=True, N=32,
                              K=128, group_size=32, warmup=1, repeats=2)
     assert r["dry_run"] is True
     assert r["student_s"] > 0 and r["reference_s"] > 0 and r["copy_GBps"] > 0
@@ -296,7 +376,7 @@ def test_the_gpu_speed_check_runs_as_a_dry_run(solution, fmt):
 def test_gpu_speed_checks_pass(solution, fmt, record_property):
     """On a GPU: the notebook's GEMV kernels above GPU_SPEED's thresholds, at the check's own
     4096 x 4096 (the reports go to make gpu-check's summary)."""
-    r = tri.check_gemv_speed(fmt, getattr(solution, f"{fmt}_gemv_kernel"))
+    r = tri.check_gemv_speed(fmt, graded(solution, f"{fmt}_gemv"))
     record_property(f"speed lab 04 {fmt} kernel", json.dumps({**r, **tri.GPU_SPEED}, default=str))
     assert r["dry_run"] is False
     assert r["fraction_of_copy"] >= tri.GPU_SPEED["min_fraction_of_copy"]
@@ -329,8 +409,9 @@ def test_launchers_refuse_bad_arguments(solution):
     with pytest.raises(ValueError, match="power of two"):
         tri.silu_mul(solution.silu_mul_kernel, torch.ones(4), torch.ones(4), block=24)
     with pytest.raises(ValueError, match="multiple of group_size"):
-        tri.w4a16_gemv(solution.w4a16_gemv_kernel, torch.ones(1, 48), torch.zeros(4, 24, dtype=torch.uint8),
-                       torch.ones(4, 1), torch.ones(4, 1), 32)
+        tri.run_w4a16_gemv(solution.w4a16_gemv, torch.ones(1, 48),
+                           torch.zeros(4, 24, dtype=torch.uint8), torch.ones(4, 1),
+                           torch.ones(4, 1), 32)
     with pytest.raises(ValueError, match="int8"):
         tri.w8a16_gemv(solution.w8a16_gemv_kernel, torch.ones(1, 8), torch.ones(4, 8), torch.ones(4))
 
@@ -339,23 +420,32 @@ def test_the_checks_launch_the_students_kernel_in_its_kernel_only(served, soluti
     """Lab 04 in the tester: the checks and the launchers get the student's kernels as
     StudentFunctions; every launch runs on the student's side, on inputs built there (strided
     rows, a transposed matrix, NaN fences), and the fences still catch a load or a store without
-    a mask; a launcher's ValueError crosses as one."""
+    a mask; a launcher's ValueError crosses as one. The w4a16 launcher is the student's: it runs
+    there too, and what its launches stored is judged there and read back as plain figures."""
     serve, launches = served
     bad_store = _variant(module_from, "across_store", *MISTAKES["store without a mask"][1:3])
     bad_load = _variant(module_from, "across_load", *MISTAKES["x loaded without the K mask"][1:3])
-    names = {f"{w}_kernel": getattr(solution, f"{w}_kernel") for w in KERNEL_CELLS.values()}
+    in_torch = module_from(_solution_source() + "\n\ndef w4a16_gemv(x, qweight, scales, zeros, "
+                           "group_size, out):" + LAUNCHER_MISTAKES["y computed in torch"][0],
+                           "across_torch")
+    names = {w: graded(solution, w) for w in KERNEL_CELLS.values()}
     thread, handle = serve({**names, "bad_store": bad_store.silu_mul_kernel,
-                            "bad_load": bad_load.matvec_kernel})
+                            "bad_load": bad_load.matvec_kernel, "in_torch": in_torch.w4a16_gemv})
     assert all(type(h).__name__ == "StudentFunction" for h in handle.values())
     for what in KERNEL_CELLS.values():
-        getattr(tri, f"check_{what}")(handle[f"{what}_kernel"])
+        getattr(tri, f"check_{what}")(handle[what])
+    with pytest.raises(AssertionError, match="no kernel was launched through tri.launch"):
+        tri.check_w4a16_gemv(handle["in_torch"])
+    ins = tri.case_inputs("w4a16_gemv", tri.CASES["w4a16_gemv"][0], seed=3)
+    assert torch.allclose(tri.run_w4a16_gemv(handle["w4a16_gemv"], *ins, 32),
+                          tri.w4a16_gemv_spec(*ins, 32), atol=1e-4)
     W, x = torch.randn(40, 96), torch.randn(96)
-    assert torch.allclose(tri.matvec(handle["matvec_kernel"], W, x, block_n=16, block_k=64),
+    assert torch.allclose(tri.matvec(handle["matvec"], W, x, block_n=16, block_k=64),
                           W @ x, atol=1e-4)
     with pytest.raises(AssertionError, match="wrote outside"):
         tri.check_silu_mul(handle["bad_store"])
     with pytest.raises(AssertionError, match="NaN in the output"):
         tri.check_matvec(handle["bad_load"])
     with pytest.raises(ValueError, match="power of two"):
-        tri.silu_mul(handle["silu_mul_kernel"], torch.ones(4), torch.ones(4), block=24)
+        tri.silu_mul(handle["silu_mul"], torch.ones(4), torch.ones(4), block=24)
     assert launches and all(t is thread for t in launches), "a launch ran in the tester"

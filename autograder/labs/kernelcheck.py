@@ -2,6 +2,7 @@
 (the interpreter does not fault out of bounds) and GPU timing (dry_run: on the CPU)."""
 from __future__ import annotations
 
+import contextlib
 import math
 import types
 import warnings
@@ -18,10 +19,11 @@ try:
 except ImportError:                                       # pragma: no cover (no triton)
     triton, KernelInterface = None, ()
 
-__all__ = ["launch", "device", "placed", "nan_padded", "unfenced", "seconds_per_call",
+__all__ = ["launch", "recording", "device", "placed", "nan_padded", "unfenced", "seconds_per_call",
            "speed_report", "require_speed"]
 
 _FRESH: dict = {}       # id(the Python function) -> (it, the kernel rebuilt from it)
+_RECORD = None          # during `recording`: the Record that every launch reports to
 
 
 def launch(kernel, grid: tuple, *args, **meta) -> None:
@@ -32,9 +34,69 @@ def launch(kernel, grid: tuple, *args, **meta) -> None:
         raise AssertionError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
     if _FRESH.get(id(fn), (None,))[0] is not fn:
         _FRESH[id(fn)] = (fn, triton.jit(fn))
+    record = _RECORD
+    if record is not None:
+        record.before(args)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         _FRESH[id(fn)][1][grid](*args, **meta)
+    if record is not None:
+        record.after()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s elements as integers of their size: compared bit for bit, NaN included."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+class Record:
+    """What the launches made of a watched output buffer during `recording` (it starts as NaN):
+    how many launched, which elements a launch changed (`stored`; in the summary, `unstored`
+    counts the outputs that hold a value no launch stored), and whether anything changed the
+    buffer after the last launch (`late`); `foreign`: the float tensors a launch was given that are none of `given` and
+    hold at least `big` elements (a weight dequantized outside the kernel)."""
+
+    def __init__(self, buffer: torch.Tensor, given: list, big: int):
+        self.buffer, self.big, self.launches, self.foreign = buffer, big, 0, []
+        self.given = {t.untyped_storage().data_ptr() for t in given}
+        self.stored = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
+        self.last = buffer.clone()          # as the last launch left it (at first: as given)
+        self._start = None
+
+    def before(self, args) -> None:
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() >= self.big \
+                    and a.untyped_storage().data_ptr() not in self.given:
+                self.foreign.append(f"{a.dtype} {tuple(a.shape)}".replace("torch.", ""))
+        self._start = self.buffer.clone()
+
+    def after(self) -> None:
+        self.launches += 1
+        self.stored |= _bits(self.buffer) != _bits(self._start)
+        self.last = self.buffer.clone()
+
+    def summary(self, view: torch.Tensor) -> dict:
+        """Plain figures about the output `view` (a part of the buffer)."""
+        pad = view.data_ptr() - self.buffer.data_ptr()
+        pad //= view.element_size()
+        part = slice(pad, pad + view.numel())
+        by_torch = ~self.stored[part] & ~torch.isnan(self.buffer[part])   # set, not by a launch
+        return {"launches": self.launches, "foreign": list(self.foreign),
+                "unstored": int(by_torch.sum()),
+                "late": int((_bits(self.buffer) != _bits(self.last)).sum())}
+
+
+@contextlib.contextmanager
+def recording(buffer: torch.Tensor, given: list, big: int):
+    """Every `launch` inside the block reports to the Record yielded (one at a time)."""
+    global _RECORD
+    if _RECORD is not None:
+        raise RuntimeError("recording inside a recording")
+    _RECORD = Record(buffer, given, big)
+    try:
+        yield _RECORD
+    finally:
+        _RECORD = None
 
 
 def device() -> str:

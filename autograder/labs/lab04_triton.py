@@ -1,9 +1,14 @@
 """Lab 04's Triton kernels: the launchers (probes), the torch specs and the checks: each of CASES
-on fenced inputs; on a GPU `check_gemv_speed` times the dequant kernels against the course's."""
+on fenced inputs; on a GPU `check_gemv_speed` times the GEMVs against the course's kernels.
+silu_mul, rmsnorm, matvec and w8a16_gemv are guided: the student writes a kernel of a given
+signature and the launcher here picks the grid. w4a16_gemv is the student's design: they write
+the kernel(s) AND the launcher `w4a16_gemv(x, qweight, scales, zeros, group_size, out)`, which
+launches through `launch` below; the checks judge what the launches stored in `out`."""
 from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -87,13 +92,10 @@ def _launch(what: str, kernel, ins: list, out: torch.Tensor, c: dict) -> None:
     elif what == "matvec" and x.numel():
         kc.launch(kernel, (cdiv(x.shape[0], c["block_n"]),), *ins, out, *x.shape, *x.stride(),
                   BLOCK_N=c["block_n"], BLOCK_K=c["block_k"])
-    elif what.endswith("_gemv") and x.shape[0] and ins[1].shape[0]:
+    elif what == "w8a16_gemv" and x.shape[0] and ins[1].shape[0]:
         (M, K), N = x.shape, ins[1].shape[0]
-        strides = (x.stride(0), ins[1].stride(0)) + ((ins[2].stride(0),) if len(ins) == 4
-                                                      else ())
-        kc.launch(kernel, (cdiv(N, c["block_n"]), M), *ins, out, N, K, *strides, out.stride(0),
-                  BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
-                  **({"GROUP": c["group_size"]} if len(ins) == 4 else {}))
+        kc.launch(kernel, (cdiv(N, c["block_n"]), M), *ins, out, N, K, x.stride(0),
+                  ins[1].stride(0), out.stride(0), BLOCK_N=c["block_n"], BLOCK_K=c["block_k"])
 
 
 def _run(what: str, kernel, ins: list, **c):
@@ -132,13 +134,68 @@ def w8a16_gemv(kernel, x, qweight, scales, block_n: int = 16, block_k: int = 32)
     return _run("w8a16_gemv", kernel, [x, qweight, scales], block_n=block_n, block_k=block_k)
 
 
+_COURSE = Path(kc.__file__).resolve().parents[2] / "kernels"
+
+
+def launch(kernel, grid: tuple, *args, **meta) -> None:
+    """Launch your @triton.jit `kernel` on `grid`: `kernel[grid](*args, **meta)`. Your w4a16
+    launcher launches its kernels through this, so the checks can see what each launch stores
+    in `out` (the course's own kernels are refused)."""
+    fn = getattr(kernel, "fn", None)
+    if Path(getattr(getattr(fn, "__code__", None), "co_filename", "")).resolve().is_relative_to(
+            _COURSE):
+        raise AssertionError(f"{getattr(fn, '__name__', kernel)} is one of the course's kernels "
+                             f"(kernels/): launch your own")
+    kc.launch(kernel, grid, *args, **meta)
+
+
+def _design_run(launcher, ins: list, group_size: int):
+    """`launcher(*ins, group_size, out)` into a NaN-fenced output that starts as NaN, recorded:
+    (the whole buffer, what the launches did: kernelcheck.Record.summary)."""
+    shape, dtype = _output("w4a16_gemv", ins)
+    out, buffer = kc.nan_padded(torch.full(shape, math.nan, dtype=dtype, device=ins[0].device))
+    (N, K) = ins[1].shape[0], ins[0].shape[1]
+    with kc.recording(buffer, ins, big=N * K) as rec:
+        launcher(*ins, group_size, out)
+    return buffer, rec.summary(out)
+
+
+def _judge(name: str, summary: dict) -> None:
+    """AssertionError unless `out`'s values are what the launches through `launch` stored."""
+    if summary["foreign"]:
+        raise AssertionError(f"{name}: a launch was given {summary['foreign'][0]}, a float tensor "
+                             f"as large as the weight that is none of the inputs: a dequantized "
+                             f"copy of W, written to memory, which w4a16 exists to avoid")
+    if not summary["launches"]:
+        raise AssertionError(f"{name}: no kernel was launched through tri.launch: y must be "
+                             f"computed and stored by your Triton kernel (launch it with "
+                             f"tri.launch(kernel, grid, *args, **meta))")
+    if summary["late"]:
+        raise AssertionError(f"{name}: {summary['late']} values of the output buffer changed after "
+                             f"the last launch: your kernel must store y in `out` (torch may only "
+                             f"prepare it before, e.g. out.zero_() for tl.atomic_add)")
+    if summary["unstored"]:
+        raise AssertionError(f"{name}: {summary['unstored']} outputs hold values that no launch "
+                             f"through tri.launch stored (computed in torch? launched with "
+                             f"kernel[grid] directly?)")
+
+
 @probe
-def w4a16_gemv(kernel, x, qweight, scales, zeros, group_size: int, block_n: int = 16,
-               block_k: int = 32):
-    """y = x @ W.T, W = (nibbles - zeros) * scales by groups: as w8a16_gemv, with zeros after
-    scales, scales.stride(0) before y.stride(0) and GROUP=group_size."""
-    return _run("w4a16_gemv", kernel, [x, qweight, scales, zeros], group_size=group_size,
-                block_n=block_n, block_k=block_k)
+def _fenced_call(launcher, x, qweight, scales, zeros, group_size: int) -> dict:
+    ins, home = kc.placed(x, qweight, scales, zeros)
+    buffer, summary = _design_run(launcher, ins, group_size)
+    return {"buffer": buffer.to(home), "shape": list(_output("w4a16_gemv", ins)[0]), **summary}
+
+
+def run_w4a16_gemv(launcher, x, qweight, scales, zeros, group_size: int) -> torch.Tensor:
+    """y = your `launcher(x, qweight, scales, zeros, group_size, out)`'s output, run into a
+    NaN-fenced `out`: AssertionError if anything outside `out` changed or if `out`'s values are
+    not what your launches through tri.launch stored (as graded)."""
+    _validate("w4a16_gemv", [x, qweight, scales, zeros], {"group_size": group_size})
+    r = _fenced_call(launcher, x, qweight, scales, zeros, group_size)
+    name = f"w4a16_gemv {list(x.shape)} x {list(qweight.shape)} codes, G={group_size}"
+    _judge(name, r)
+    return kc.unfenced(r["buffer"], r["shape"], name)
 
 
 def _cases(keys: str, rows: list) -> list[dict]:
@@ -159,7 +216,9 @@ CASES = {
         (1, 1, 16, 16, False), (40, 96, 16, 32, False), (33, 70, 8, 64, False),
         (64, 128, 16, 32, True), (17, 300, 32, 128, False)]),
     "w8a16_gemv": [{k: v for k, v in c.items() if k != "group_size"} for c in _GEMV],
-    "w4a16_gemv": _GEMV,
+    # the student's design picks its tiles: sizes off any power of two, several group sizes
+    "w4a16_gemv": [{k: v for k, v in c.items() if not k.startswith("block")} for c in _GEMV] +
+    _cases("M N K group_size dtype", [(1, 33, 384, 128, F32), (2, 5, 32, 16, BF16)]),
 }
 SEEDS = {what: 4201 + i for i, what in enumerate(CASES)}
 
@@ -208,9 +267,13 @@ def _w4_layer(N: int, K: int, group_size: int, g: torch.Generator):
 
 
 @probe
-def fenced_run(what: str, kernel, case: dict, seed: int) -> torch.Tensor:
-    """`kernel` as `what` on the case's fenced inputs: the whole fenced output buffer."""
+def fenced_run(what: str, kernel, case: dict, seed: int):
+    """`kernel` as `what` on the case's fenced inputs: the whole fenced output buffer (w4a16:
+    `kernel` is the student's launcher; with what its launches did, _design_run)."""
     ins = case_inputs(what, case, seed, fence=True)
+    if what == "w4a16_gemv":
+        buffer, summary = _design_run(kernel, ins, case["group_size"])
+        return {"buffer": buffer.cpu(), **summary}
     shape, dtype = _output(what, ins)
     out, buffer = kc.nan_padded(torch.zeros(shape, dtype=dtype, device=ins[0].device))
     _launch(what, kernel, ins, out, case)
@@ -220,15 +283,22 @@ def fenced_run(what: str, kernel, case: dict, seed: int) -> torch.Tensor:
 def check_case(what: str, kernel, case: dict, seed: int, name: str | None = None) -> None:
     """AssertionError unless the kernel writes the spec's values and nothing around them."""
     sizes = ", ".join(f"{k}={str(v).replace('torch.', '')}" for k, v in case.items())
-    name = f"{name or what + '_kernel'} ({sizes})"
+    name = f"{name or (what if what == 'w4a16_gemv' else what + '_kernel')} ({sizes})"
     ins = case_inputs(what, case, seed)
     extra = {"rmsnorm": ("eps",), "w4a16_gemv": ("group_size",)}.get(what, ())
     want = SPECS[what](*ins, *(case[k] for k in extra))
-    got = kc.unfenced(fenced_run(what, kernel, case, seed), want.shape, name)
+    got = fenced_run(what, kernel, case, seed)
+    if what == "w4a16_gemv":
+        _judge(name, got)
+        got = got["buffer"]
+    got = kc.unfenced(got, want.shape, name)
     if bool(torch.isnan(got).any()):
         raise AssertionError(f"{name}: NaN in the output. The inputs are fenced by NaN, so a "
                              f"load past the end of a tensor without a mask reads NaN (the Triton "
-                             f"interpreter does not fault on it; a GPU might, or read garbage)")
+                             f"interpreter does not fault on it; a GPU might, or read garbage)"
+                             + (" -- or your launches never stored those outputs (`out` starts as "
+                                "NaN): does your grid cover every row and column?"
+                                if what == "w4a16_gemv" else ""))
     tol = 1e-4 if case.get("dtype", F32) == F32 else 2e-2
     assert_close(got.float(), want.float(), atol=tol, rtol=tol, name=name)
 
@@ -259,11 +329,13 @@ def _speed_inputs(fmt: str, N: int, K: int, group_size: int, dev: str):
 @probe
 def timed_gemv(fmt: str, kernel, N: int, K: int, group_size: int, *, dry_run: bool = False,
                warmup: int = 5, repeats: int = 30) -> dict:
-    """Their "w8a16" or "w4a16" kernel on _speed_inputs: {"y", "seconds": median per launch}."""
+    """Their "w8a16" kernel (our launcher) or "w4a16" launcher (theirs: `kernel(x, qweight,
+    scales, zeros, group_size, y)`) on _speed_inputs: {"y", "seconds": median per call}."""
     ins, _ = _speed_inputs(fmt, N, K, group_size, "cpu" if dry_run else "cuda")
     c = {"block_n": 16, "block_k": 64 if dry_run else 256, "group_size": group_size}
     y = torch.empty(1, N, dtype=BF16, device=ins[0].device)
-    run = functools.partial(_launch, f"{fmt}_gemv", kernel, ins, y, c)
+    run = functools.partial(kernel, *ins, group_size, y) if fmt == "w4a16" else \
+        functools.partial(_launch, f"{fmt}_gemv", kernel, ins, y, c)
     run()
     return {"y": y.cpu(), "seconds": kc.seconds_per_call(run, dry_run=dry_run, warmup=warmup,
                                                          repeats=repeats)}
