@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = REPO / "labs" / "07_paged_attention" / "07_paged_attention.ipynb"
@@ -161,3 +162,53 @@ def test_the_split_task_states_its_grading():
     assert lab07.SPLIT_GPU["n_sm"] == 132 and "an H100's 132 SMs" in md
     assert f"within {tol['relative']:.0%} (or {tol['absolute_us']:g} µs) of its best S" \
         .replace("%", " %") in _flat(SLIDES)
+
+
+def test_the_kernel_sections_numbers():
+    """Section 6's arithmetic: 8 programs on 132 SMs (94 % idle), N/K = 4 FLOPs per byte against
+    lab 01's ~295, e^88.7 the float32 limit, TF32 rounding of a score of 200 by about 0.1, and
+    the GPU thresholds the text states are lab07_triton.KERNEL_SPEED."""
+    import math
+
+    import torch
+
+    from autograder.labs import lab07_triton
+    from minillm import roofline
+    flash, kernel = _flat(_cell("07_md_flash")), _flat(_cell("07_md_decode_kernel"))
+    assert f"{100 * (132 - 8) / 132:.0f} % of the chip would idle" in flash
+    assert f"({32 // 8} for 32 query and 8 KV heads)" in flash
+    h100 = roofline.get_hardware("h100")
+    assert f"roofline's ~{h100.flops_per_s / h100.mem_bandwidth_bytes_per_s:.0f} (lab 01)" in flash
+    assert f"above $x = {math.log(torch.finfo(torch.float32).max):.1f}$" in kernel
+    assert "$3.4\\cdot 10^{38} = e^{88.7}$" in kernel and \
+        f"{torch.finfo(torch.float32).max:.1e}".startswith("3.4e+38")
+    assert "a score of 200 would be off by about 0.1" in kernel and round(200 * 2.0 ** -11, 1) == 0.1
+    speed = lab07_triton.KERNEL_SPEED
+    for gid in ("07_md_decode_kernel", "07_md_split_kernel"):
+        assert f"{speed['min_fraction_of_copy']:.0%}".replace("%", " %") in _flat(_cell(gid))
+        assert f"{speed['min_ratio_to_reference']:g}×" in _flat(_cell(gid))
+    assert f"at least {speed['min_fraction_of_copy']:.0%} of a device copy and " \
+           f"{speed['min_ratio_to_reference']:g}× its speed".replace("%", " %") in _flat(SLIDES)
+
+
+@pytest.mark.slow
+def test_the_kernel_checks_take_under_five_seconds_on_a_busy_machine(tmp_path):
+    """'In the interpreter they take a few seconds (under five, on a busy 2-core machine)': the
+    graded checks of the notebook's two kernels, each timed beside a competing load."""
+    import os
+    import sys
+    import time
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(REPO / "tests"))
+    from cpu_load import competing_cpu_load
+    from test_student_kernels_paged import load_kernels, solution_source
+
+    from autograder.labs import lab07_triton as tri
+    assert "under five, on a busy 2-core machine" in _flat(_cell("07_md_decode_kernel"))
+    sol = load_kernels(tmp_path, solution_source(), "lab07_claims_kernels")
+    with competing_cpu_load():
+        for check, kernel in ((tri.check_decode_kernel, sol.paged_decode_kernel),
+                              (tri.check_split_kernel, sol.paged_split_kernel)):
+            t0 = time.perf_counter()
+            check(kernel, speed=None)
+            assert time.perf_counter() - t0 < 5.0, check
