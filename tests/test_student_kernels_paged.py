@@ -498,3 +498,65 @@ def test_the_allocator_probe_replays_on_a_fresh_pool_in_the_kernel(served):
     wrong = lab07.pool_run({"allocate": h["allocate"], "fork": h["shares_the_list"],
                             "append": h["append_slot"]}, ops[:3], 8, 4)
     assert wrong[2]["tables"][1] == [0, 2], "the shared list shows in the child's table"
+
+
+# ---- the split-count design task (07_num_splits_test): graded by the model's time, not a shape --
+def _split_test_cell() -> str:
+    nb = json.loads((REPO / "labs" / "07_paged_attention" / "07_paged_attention.ipynb").read_text())
+    (cell,) = ["".join(c["source"]) for c in nb["cells"]
+               if c["metadata"].get("nbgrader", {}).get("grade_id") == "07_num_splits_test"]
+    return cell      # visible and hidden parts together, as graded
+
+
+def fill_the_sms(batch, n_kv_heads, context_len, block_size, n_sm):
+    """'Fill the SMs': about two programs per SM, no split under 256 tokens (the notebook's)."""
+    return max(1, min(-(-2 * n_sm // max(1, batch * n_kv_heads)), context_len // 256, 256))
+
+
+def minimise_a_model(batch, n_kv_heads, context_len, block_size, n_sm):
+    """'Minimise the estimated time': a search over S on a model of the student's own (a
+    roofline with a knee at four programs per SM and the merge's bytes and launch)."""
+    import numpy as np
+    blocks = -(-context_len // block_size)
+    def est(s):
+        per = -(-blocks // s)
+        s = -(-blocks // per)
+        programs = batch * n_kv_heads * s
+        kv = programs * per * block_size * 512                   # bf16 K and V, H = 128
+        bw = 3.0e6 * min(1.0, programs / (4 * n_sm))
+        merge = 0.0 if s == 1 else 6.0 + batch * n_kv_heads * 4 * s * 129 * 8 / 3.0e6
+        return kv / bw + merge
+    return int(np.argmin([est(s) for s in range(1, 257)]) + 1)
+
+
+@pytest.mark.parametrize("rule", [fill_the_sms, minimise_a_model])
+def test_two_different_split_rules_both_pass_the_graded_cell(rule):
+    from autograder.labs import lab07
+    picks = {rule(b, k, L, bs, 132) for b, k, L, bs in lab07.SPLIT_SHAPES}
+    assert len(picks) > 3                                     # a rule, not a constant
+    exec(compile(_split_test_cell(), "07_num_splits_test", "exec"),
+         {"lab07": lab07, "choose_num_splits": rule})
+
+
+def test_the_two_rules_choose_differently():
+    from autograder.labs import lab07
+    differ = [s for s in lab07.SPLIT_SHAPES if fill_the_sms(*s, 132) != minimise_a_model(*s, 132)]
+    assert len(differ) >= 10, differ
+
+
+@pytest.mark.parametrize("splits", [1, 8, 64])
+def test_a_constant_split_count_fails_the_graded_cell(splits):
+    from autograder.labs import lab07
+    with pytest.raises(AssertionError, match="shapes: the model's time at your split count"):
+        exec(compile(_split_test_cell(), "07_num_splits_test", "exec"),
+             {"lab07": lab07, "choose_num_splits": lambda *a: splits})
+
+
+def test_the_split_model_is_the_sweep_it_quotes():
+    """The model's constants reproduce RESULTS.md's H100 sweep within 17 % at every split count,
+    and its best split count there is the sweep's (64)."""
+    from autograder.labs import lab07
+    for s, us in lab07.H100_SWEEP_US.items():
+        assert abs(lab07.split_decode_us(1, 8, 32768, s) / us - 1) < 0.17, (s, us)
+    best = min(range(1, 257), key=lambda s: lab07.split_decode_us(1, 8, 32768, s))
+    assert best == min(lab07.H100_SWEEP_US, key=lab07.H100_SWEEP_US.get) == 64

@@ -1,5 +1,6 @@
 """Lab 07 (Triton kernels: lab07_triton.py): `BlockPool` and `pool_run`; the speed check times the
-student's torch paged decode against the course's reference."""
+student's torch paged decode against the course's reference; the split-count design task's GPU
+model (`split_decode_us`) and its check (`check_split_rule`)."""
 from __future__ import annotations
 
 import functools
@@ -136,5 +137,92 @@ SPEED_CHECK = SpeedCheck(
          "{runs} interleaved runs); it must reach {at_least:g}x. Gather each sequence's K/V with "
          "one indexing operation on all its slots, not a Python loop over positions.")
 check_paged_decode_speed = SPEED_CHECK.check
+
+
+# ---- the split-count design task: a cost model of a GPU running the split decode -------------
+# An H100 (132 SMs) running the course's split kernel on bf16 K/V, 4 query heads per KV head of
+# 128: n programs in flight stream PEAK * n / (n + HALF) bytes/us (memory latency is hidden only
+# with many loads in flight: Little's law); at most n_sm * PER_SM programs run at once (a wave);
+# every wave pays a program's start, every split launch beyond 1 a merge pass that reads the
+# partials back. Fitted to the split sweep of benchmarks/RESULTS.md ("Paged attention kernels
+# (lab 07, NVIDIA H100)"), which the notebook prints beside it.
+SPLIT_GPU = {"n_sm": 132, "per_sm": 4, "peak_bytes_per_us": 3.35e6, "half_programs": 140,
+             "wave_start_us": 0.5, "merge_launch_us": 6.0}
+# the sweep quoted: B = 1, 8 KV heads, 32 768 tokens, blocks of 16: splits -> us
+H100_SWEEP_US = {1: 664.9, 4: 257.7, 8: 139.7, 16: 83.9, 24: 68.5, 33: 59.4, 48: 57.6, 64: 57.5,
+                 96: 63.7, 128: 60.3, 256: 61.4}
+# graded: the model's time at the rule's choice within 20 % (or 5 us) of the model's best over
+# 1..MAX_SPLITS splits, on every shape (batch, KV heads, context, block size) of SPLIT_SHAPES
+SPLIT_TOLERANCE = {"relative": 0.20, "absolute_us": 5.0}
+MAX_SPLITS = 256
+SPLIT_SHAPES = tuple((b, k, L, 16) for b in (1, 2, 4, 8, 32, 64) for k in (1, 2, 8)
+                     for L in (2048, 8192, 32768))
+SPLIT_SHAPES_VISIBLE = ((1, 8, 32768, 16), (32, 8, 4096, 16), (4, 2, 8192, 16))
+
+
+def split_decode_us(batch: int, n_kv_heads: int, context_len: int, num_splits: int,
+                    block_size: int = 16, gpu: dict | None = None, head_dim: int = 128,
+                    group: int = 4) -> float:
+    """The model's time (us) of one split decode of `batch` sequences of `context_len` tokens."""
+    gpu = SPLIT_GPU if gpu is None else gpu
+    blocks = cdiv(context_len, block_size)
+    per_split = cdiv(blocks, max(1, int(num_splits)))          # whole blocks per split
+    splits = cdiv(blocks, per_split)                            # the splits that hold a block
+    programs = batch * n_kv_heads * splits
+    program_bytes = per_split * block_size * 2 * head_dim * 2   # its K and V rows, bf16
+    wave, peak = gpu["n_sm"] * gpu["per_sm"], gpu["peak_bytes_per_us"]
+    t, left = 0.0, programs
+    while left > 0:
+        n = min(left, wave)
+        t += n * program_bytes * (n + gpu["half_programs"]) / (n * peak) + gpu["wave_start_us"]
+        left -= n
+    if splits > 1:                          # partials and lse (fp32) written, then read back
+        t += batch * n_kv_heads * group * splits * (head_dim + 1) * 4 * 2 / peak \
+            + gpu["merge_launch_us"]
+    return t
+
+
+def best_split_us(batch, n_kv_heads, context_len, block_size=16, gpu=None) -> float:
+    return min(split_decode_us(batch, n_kv_heads, context_len, s, block_size, gpu)
+               for s in range(1, MAX_SPLITS + 1))
+
+
+@probe
+def split_choices(choose, shapes, n_sm: int) -> list:
+    """The student's choose_num_splits on each (batch, n_kv_heads, context_len, block_size)."""
+    return [choose(b, k, L, bs, n_sm) for b, k, L, bs in shapes]
+
+
+def check_split_rule(choose, shapes=SPLIT_SHAPES, *, quiet: bool = False) -> list[dict]:
+    """AssertionError unless the rule's choice is within SPLIT_TOLERANCE of the model's best on
+    every shape; prints one line per shape unless quiet. Returns the rows."""
+    rows, bad = [], []
+    for (b, k, L, bs), s in zip(shapes, split_choices(choose, list(shapes), SPLIT_GPU["n_sm"])):
+        s = int(s) if not isinstance(s, bool) and float(s) == int(s) else s   # numpy ints too
+        if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= MAX_SPLITS:
+            raise AssertionError(f"choose_num_splits({b}, {k}, {L}, {bs}, "
+                                 f"{SPLIT_GPU['n_sm']}) returned {s!r}: an int in 1..{MAX_SPLITS}")
+        got, best = split_decode_us(b, k, L, s, bs), best_split_us(b, k, L, bs)
+        ok = got <= best * (1 + SPLIT_TOLERANCE["relative"]) or \
+            got <= best + SPLIT_TOLERANCE["absolute_us"]
+        rows.append({"shape": (b, k, L, bs), "splits": s, "us": got, "best_us": best, "ok": ok})
+        if not quiet:
+            print(f"  batch {b:>2}, {k} KV heads, {L:>5} tokens: {s:>3} splits -> {got:6.1f} us, "
+                  f"best {best:6.1f} us ({got / best:.2f}x){'' if ok else '  TOO SLOW'}")
+        if not ok:
+            bad.append(rows[-1])
+    if bad:
+        worst = max(bad, key=lambda r: r["us"] / r["best_us"])
+        raise AssertionError(
+            f"{len(bad)} of {len(rows)} shapes: the model's time at your split count is more than "
+            f"{SPLIT_TOLERANCE['relative']:.0%} (and {SPLIT_TOLERANCE['absolute_us']:g} us) above "
+            f"its best; worst: batch {worst['shape'][0]}, {worst['shape'][1]} KV heads, "
+            f"{worst['shape'][2]} tokens: {worst['splits']} splits, {worst['us']:.1f} us against "
+            f"{worst['best_us']:.1f} us. Too few splits leave SMs idle; too many pay the merge "
+            f"and a start per wave for little work each")
+    return rows
+
+
 __all__ = ["args_after", "BlockPool", "pool_run", "decode_output", "timed_decode", "make_case",
-           "check_paged_decode_speed"]
+           "check_paged_decode_speed", "split_decode_us", "best_split_us", "split_choices",
+           "check_split_rule", "SPLIT_GPU", "SPLIT_SHAPES", "SPLIT_TOLERANCE", "H100_SWEEP_US"]

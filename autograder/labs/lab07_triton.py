@@ -244,19 +244,21 @@ def _check_case(kernel, case, seed: int) -> None:
 # (lens, N, K, H, block size, dtype) timed on a GPU; a tiny one for dry runs
 SPEED = {"decode": ([4096] * 16, 32, 8, 128, 16, torch.bfloat16),
          "split": ([32768], 32, 8, 128, 16, torch.bfloat16)}
+# the split kernel is timed with 33 splits, the count of benchmarks/RESULTS.md's H100 run (59.4 us
+# in its sweep): a fixed number, so that the kernel's grade does not hang on the split rule
+SPEED_SPLITS = 33
 SPEED_DRY = ([37, 20], 4, 2, 16, 4, torch.float32)
 
 
 def _speed_inputs(which: str, dry_run: bool, seed: int):
     """(inputs on the kernels' device, the bytes a step must read, the split count)."""
     from autograder.labs.lab07 import make_case
-    from kernels.paged_attention_ref import pick_num_splits
     lens, N, K, H, block_size, dtype = SPEED_DRY if dry_run else SPEED[which]
     q, k_cache, v_cache, tables, context_lens = make_case(seed, (lens, N, K, H, block_size))
     ins = [t.to(dtype) for t in (q, k_cache, v_cache)] + [tables, context_lens]
     nbytes = (2 * sum(lens) * K * H + 2 * q.numel()) * dtype.itemsize
     return ([t.to("cpu" if dry_run else "cuda") for t in ins], nbytes,
-            2 if dry_run else pick_num_splits(len(lens), K, tables.shape[1], block_size))
+            2 if dry_run else SPEED_SPLITS)
 
 
 @probe

@@ -17,7 +17,7 @@ from .common import (
     style_axes,
 )
 
-# Counts only: the fragmentation replay, BlockManager, the kernels' pick_num_splits, napkin bytes,
+# Counts only: the fragmentation replay, BlockManager, lab 07's split cost model, napkin bytes,
 # and lab 07's kernel helpers (the walk, the grid, the test cases).
 
 @figure
@@ -207,30 +207,25 @@ def decode_bytes() -> str:
 
 @figure
 def split_programs() -> Figure:
-    """Programs in the decode grid, unsplit (B · K) and split (B · K · S, S from
-    kernels.paged_attention_ref.pick_num_splits), against an H100's 132 SMs; 8 KV heads,
-    32k-token context, blocks of 16."""
+    """Lab 07's cost model of an H100 running the split decode (autograder.labs.lab07.
+    split_decode_us: programs in flight, waves, the merge) against the number of splits, for 1,
+    4 and 32 sequences of 32k tokens with 8 KV heads, beside the H100 sweep of
+    benchmarks/RESULTS.md (1 sequence)."""
     import numpy as np
-    from matplotlib.ticker import FuncFormatter
 
-    from kernels.paged_attention_ref import pick_num_splits
-    batches = np.array([1, 2, 4, 8, 16, 32, 64])
-    K, blocks = 8, 32768 // 16
-    unsplit = batches * K
-    split = np.array([b * K * pick_num_splits(int(b), K, blocks, 16) for b in batches])
+    from autograder.labs.lab07 import H100_SWEEP_US, split_decode_us
+    splits = np.arange(1, 257)
     fig, ax = new_figure(7, 4.6)
-    ax.plot(batches, unsplit, "o-", color=ORANGE, label="unsplit: one program per (sequence, "
-                                                        "KV head)")
-    ax.plot(batches, split, "s-", color=BLUE, label="flash-decoding: × num_splits")
-    ax.axhline(132, color=GREY, ls="--", lw=1)
-    ax.text(1.05, 150, "132 SMs (H100)", color=GREY, fontsize=10)
+    for batch, color in ((1, BLUE), (4, GREEN), (32, ORANGE)):
+        ax.plot(splits, [split_decode_us(batch, 8, 32768, int(s)) for s in splits], color=color,
+                label=f"model, batch {batch}")
+    ax.plot(list(H100_SWEEP_US), list(H100_SWEEP_US.values()), "k+", ms=9,
+            label="H100, batch 1, measured")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0f}"))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0f}"))
-    ax.set_xlabel("batch B (sequences)")
-    ax.set_ylabel("programs in the grid")
-    ax.set_title("at small batch the unsplit grid leaves most SMs idle", fontsize=11)
+    ax.set_yscale("log")
+    ax.set_xlabel("splits S")
+    ax.set_ylabel("time per decode step (us)")
+    ax.set_title("a split buys programs for idle SMs and costs a merge", fontsize=11)
     ax.legend(fontsize=9)
     style_axes(ax)
     return fig
