@@ -11,9 +11,9 @@ import torch
 import minillm
 from autograder import labs
 from autograder.probes import fresh_model, probe
+from minillm import pruning
 from minillm.config import ModelConfig
 from minillm.model import Transformer
-from minillm import pruning
 from minillm.pruning import Importance, Keep
 from minillm.train import evaluate
 
