@@ -90,10 +90,11 @@ POLICY_WORKLOAD = dict(num_requests=96, rate=30.0, prompt_median=32, prompt_sigm
 POLICY_MARGIN, POLICY_MIN_THROUGHPUT, POLICY_MAX_E2E = 0.15, 0.9, 3.0
 
 
-def policy_trace(seed: int) -> list[list]:
-    """The lab's policy workload for `seed`: [arrival s, prompt tokens, output tokens] each."""
+def policy_trace(seed: int, arrivals=None, lengths=None) -> list[list]:
+    """The lab's policy workload for `seed`: [arrival s, prompt tokens, output tokens] each
+    (drawn with `arrivals` and `lengths`: make_trace's defaults, or the student's own)."""
     return [[r.arrival_time, len(r.prompt_ids), r.max_new_tokens]
-            for r in make_trace(seed=seed, **POLICY_WORKLOAD)]
+            for r in make_trace(seed=seed, arrivals=arrivals, lengths=lengths, **POLICY_WORKLOAD)]
 
 
 @probe
