@@ -93,7 +93,10 @@ def test_part_2_arithmetic_and_its_losses(lab08):
     per_layer = 4 * c.dim * c.n_heads * c.head_dim + 3 * c.dim * c.hidden_dim
     half = 4 * c.dim * 3 * c.head_dim + 3 * c.dim * 512
     md = _flat(_by_id("08_md_width_depth"))
-    tex = lambda x: f"{x:,}".replace(",", "{,}")                   # 884{,}736
+
+    def tex(x: int) -> str:                                        # 884{,}736
+        return f"{x:,}".replace(",", "{,}")
+
     assert f"= {tex(half)}$, half of the full layer's ${tex(per_layer)}$" in md
     assert 2 * half == per_layer
     assert f"(the embedding, {c.vocab_size * c.dim / 1e6:.2f}M, stays)" in md
