@@ -151,3 +151,18 @@ def test_the_figures_quoted_from_results_are_there():
     read = _flat(_by_id("08_md_read"))
     assert "brings $c$ down to about 0.11 (`benchmarks/RESULTS.md`" in read
     assert "the draft's step cost c = 0.110 and 0.109 target steps" in section
+
+
+WIDTH_OVER_DEPTH = (1.05, 1.4)     # ms per token, width / depth: Q4 "about 1.1-1.3x", the slides
+
+
+@pytest.mark.slow
+def test_width_over_depth_time_falls_in_the_stated_range(lab08):
+    from cpu_load import competing_cpu_load
+    ns, _ = lab08
+    with competing_cpu_load():
+        printed = _run(ns, _starting("from minillm.decode import PackedDecoder"), "part 2 timing")
+    ratio = ns["step_ms"]["width"] / ns["step_ms"]["depth"]
+    print(f"\n{printed}")
+    assert WIDTH_OVER_DEPTH[0] <= ratio <= WIDTH_OVER_DEPTH[1], ratio
+    assert "(expect about 1.1–1.3×)" in _flat(_by_id("08_q4"))
