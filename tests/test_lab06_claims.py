@@ -195,3 +195,21 @@ def test_the_speed_test_text_quotes_results():
     row = next(line for line in RESULTS.splitlines() if line.startswith("| `06_speed_test`"))
     assert "3.1-3.7 (11 runs) and 2.8-3.1 inside the graded notebook" in row
     assert "5 \\times 96 = 480" in md and "$120$ real tokens" in md       # 4 + 96 + 6 + 9 + 5
+
+
+def test_the_slides_quote_results_and_the_grading():
+    from autograder.labs import lab06
+    slides = _flat(SLIDES)
+    batching = _flat(RESULTS[RESULTS.index("## Continuous vs static batching (lab 06, CPU)"):])
+    for figure in ("| throughput (`speedup`) | **4.92×** |", "| p50 TTFT | 8.6× lower",
+                   "| forward steps | 131 vs 418 |", "| token slots computed | 4 037 vs 19 085 |"):
+        assert figure in batching, figure
+    for figure in ("| throughput | **4.92×** |", "| p50 TTFT | 8.6× lower |",
+                   "| steps | 131 against 418 |", "| tokens run / token slots | 4 037 against 19 085 |",
+                   "3.7×, 4.5×, 5.0× and 4.92×", "the runs measure 2.0–2.2×",
+                   "| whole prompts | 22.8 ms | 117 ms |", "| chunks of 64 | 21.3 ms | 39 ms |",
+                   "TTFT p99 rose from 139 to 220 ms"):
+        assert figure in slides, figure
+    assert f"at least {lab06.THRESHOLD:g}× faster than the padded batch" in slides
+    assert "| whole prompts | 35.1 | 138.8 | 17.3 | 22.8 | 14.9 | 117.1 |" in RESULTS
+    assert "| chunks of 64 tokens | 37.1 | 219.6 | 17.3 | 21.3 | 15.2 | 38.7 |" in RESULTS

@@ -166,3 +166,11 @@ def test_width_over_depth_time_falls_in_the_stated_range(lab08):
     print(f"\n{printed}")
     assert WIDTH_OVER_DEPTH[0] <= ratio <= WIDTH_OVER_DEPTH[1], ratio
     assert "(expect about 1.1–1.3×)" in _flat(_by_id("08_q4"))
+
+
+def test_q3_cites_the_recorded_c_of_the_scratch_draft():
+    section = RESULTS[RESULTS.index("## Speculative decoding (lab 05, CPU)"):]
+    section = _flat(section[:section.index("\n## ")])
+    assert "one draft step cost c = 0.24–0.27 target" in section
+    assert "$c$ = 0.24–0.27: `benchmarks/RESULTS.md`, \"Speculative decoding (lab 05, CPU)\"" in \
+        _flat(_by_id("08_q3"))
