@@ -158,9 +158,9 @@ def test_the_figures_quoted_from_results_are_there():
 
 # The timed figures of part 6 and of Q3 / Q4, as ranges the model answers state (the
 # development machine's runs, quiet and busy); each run of the measured cells must fall in them.
-MEASURED_SPEEDUP = (1.6, 2.6)          # continuous / static throughput (Q3: 2.0-2.2x measured)
+MEASURED_SPEEDUP = (1.6, 2.6)          # continuous / static throughput (Q3: 2.0-2.4x measured)
 FITTED_SPEEDUP = (2.2, 3.1)            # the a + b tokens napkin
-TTFT_P50_LOWER = 2.0                   # static p50 TTFT / continuous, at least (Q4: 2.4-5.2x)
+TTFT_P50_LOWER = 2.0                   # static p50 TTFT / continuous, at least (Q4: 2.4-5.5x)
 SERVED_SLOTS = (4400, 4956)            # the served static server's token slots
 
 
@@ -182,8 +182,10 @@ def test_the_timed_figures_of_part_6_fall_in_the_stated_ranges(lab06):
     assert ttft_lower >= TTFT_P50_LOWER
     assert f["continuous"]["tpot"][1] > f["static"]["tpot"][1]      # Q3: what the fit leaves out
     assert SERVED_SLOTS[0] <= ns["static"].token_slots <= SERVED_SLOTS[1]
-    assert ns["static_steps_pred"] / ns["cont_steps_pred"] > speedup  # equal-cost steps above it
-    assert 0.009 <= f["static"]["tpot"][1] <= 0.016                  # Q4: "about 12 ms a decode step"
+    equal, per_token = ns["static_steps_pred"] / ns["cont_steps_pred"], ns["slots"] / ns["tokens"]
+    assert abs(equal - speedup) < min(abs(fitted - speedup), abs(per_token - speedup)), \
+        "Q3: the equal-cost-step model came closest"
+    assert 0.009 <= f["static"]["tpot"][1] <= 0.016                  # Q4: "10-12 ms a decode step"
     q3, q4 = _flat(_by_id("06_q3")), _flat(_by_id("06_q4"))
     assert "holds each run to 1.6–2.6x" in q3 and "holds each run to at least 2x" in q4
     assert "4 610–4 900 slots in our runs" in _flat(_by_id("06_q1"))   # SERVED_SLOTS holds it
@@ -206,7 +208,7 @@ def test_the_slides_quote_results_and_the_grading():
         assert figure in batching, figure
     for figure in ("| throughput | **4.92×** |", "| p50 TTFT | 8.6× lower |",
                    "| steps | 131 against 418 |", "| tokens run / token slots | 4 037 against 19 085 |",
-                   "3.7×, 4.5×, 5.0× and 4.92×", "the runs measure 2.0–2.2×",
+                   "3.7×, 4.5×, 5.0× and 4.92×", "the runs measure 2.0–2.4×",
                    "| whole prompts | 22.8 ms | 117 ms |", "| chunks of 64 | 21.3 ms | 39 ms |",
                    "TTFT p99 rose from 139 to 220 ms"):
         assert figure in slides, figure
