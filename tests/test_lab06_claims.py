@@ -185,6 +185,7 @@ def test_the_timed_figures_of_part_6_fall_in_the_stated_ranges(lab06):
     equal, per_token = ns["static_steps_pred"] / ns["cont_steps_pred"], ns["slots"] / ns["tokens"]
     assert abs(equal - speedup) < min(abs(fitted - speedup), abs(per_token - speedup)), \
         "Q3: the equal-cost-step model came closest"
+    assert 0.005 <= ns["a"] <= 0.011 and 0.0002 <= ns["b"] <= 0.00035     # Q3's fit, 7-9 ms + 0.24-0.29 ms
     assert 0.009 <= f["static"]["tpot"][1] <= 0.016                  # Q4: "10-12 ms a decode step"
     q3, q4 = _flat(_by_id("06_q3")), _flat(_by_id("06_q4"))
     assert "holds each run to 1.6–2.6x" in q3 and "holds each run to at least 2x" in q4
