@@ -117,7 +117,40 @@ def lognormal_lengths(n, median, sigma, max_len, generator):
             for _ in range(n)]
 '''
 
+SHORTEST_PROMPT_FIRST = '''
+def my_policy(now, waiting, running, max_seqs):
+    # whole prompts, but a free seat goes to the shortest waiting prompt (oldest on ties)
+    plan = {q.id: (q.prompt_len - q.prefilled) or 1 for q in running}
+    free = max_seqs - len(running)
+    for q in sorted(waiting, key=lambda q: (q.prompt_len, q.arrival_time))[:free]:
+        plan[q.id] = q.prompt_len
+    return plan
+'''
+
+SEARCH_PLAN = '''
+def pruning_plan(imp, layer_loss, budget):
+    # a search: for each head count, the most neurons that fit; keep the candidate whose pruned
+    # model (my prune_model) has the lowest loss on one calibration batch
+    best = None
+    for n_heads in range(2, target.config.n_heads + 1):
+        for hidden in range(target.config.hidden_dim, 0, -16):
+            shape = replace(target.config, n_heads=n_heads, n_kv_heads=None, hidden_dim=hidden)
+            if shape.num_params() <= budget:
+                keep = pruning.choose(imp, n_heads=n_heads, hidden_dim=hidden)
+                loss = pruning.lm_loss(prune_model(target, keep), CALIB[:1])
+                if best is None or loss < best[0]:
+                    best = (loss, keep)
+                break
+    return best[1]
+'''
+
 SUBMISSIONS = [
+    Honest("06_continuous_batching", "shortest_prompt_first",
+           "a scheduling policy unlike the solution's: shortest prompt first, whole prompts",
+           {"06_policy": SHORTEST_PROMPT_FIRST}),
+    Honest("08_pruning_distillation", "search_plan",
+           "a pruning plan found by a search over head counts on a calibration batch",
+           {"08_plan": SEARCH_PLAN}),
     Honest("06_continuous_batching", "numpy_percentile", "percentile with NumPy's np.percentile",
            {"06_metrics": NUMPY_PERCENTILE}),
     Honest("06_continuous_batching", "stdlib_random",

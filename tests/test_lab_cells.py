@@ -155,6 +155,19 @@ def lab03():
     torch.set_num_threads(threads)
 
 
+# ---- design tasks graded by outcome: two different correct designs earn the points, a poor one
+# loses them (the whole test cell, visible and hidden parts, as graded)
+
+@pytest.fixture(scope="module")
+def lab06_policy():
+    threads = torch.get_num_threads()
+    src = cells("06_continuous_batching")
+    ns: dict = {}
+    exec(compile(src["06_setup"], "06_setup", "exec"), ns)
+    yield src, ns
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("design", ["solution", "closed form"])
 def test_lab01_serving_choice_two_designs_get_the_points(lab01_serving, design):
     src, ns = lab01_serving
@@ -314,3 +327,128 @@ def test_lab05_choose_k_test_fails_a_rule_that_only_the_hidden_part_catches(lab0
     exec(compile(visible, "05_choose_k_test (visible)", "exec"), ns)
     with pytest.raises(AssertionError, match="under 95%"):
         exec(compile(src["05_choose_k_test"], "05_choose_k_test", "exec"), ns)
+
+
+# a second design, unlike the solution's decode-first token budget: whole prompts, but a free
+# seat goes to the shortest waiting prompt (it cuts the mean TTFT, not the inter-token latency)
+SHORTEST_PROMPT_FIRST = '''
+def my_policy(now, waiting, running, max_seqs):
+    plan = {q.id: q.prompt_len - q.prefilled or 1 for q in running}
+    for q in sorted(waiting, key=lambda q: q.prompt_len)[:max_seqs - len(running)]:
+        plan[q.id] = q.prompt_len
+    return plan
+'''
+POOR_POLICIES = {
+    # one request at a time: short gaps between tokens, but the seats sit idle
+    "one_at_a_time": ('''
+def my_policy(now, waiting, running, max_seqs):
+    if running:
+        return {q.id: q.prompt_len - q.prefilled or 1 for q in running}
+    return {waiting[0].id: waiting[0].prompt_len}
+''', "throughput"),
+    # FCFS with a different ordering that helps nobody: the longest prompt first
+    "longest_first": ('''
+def my_policy(now, waiting, running, max_seqs):
+    plan = {q.id: q.prompt_len - q.prefilled or 1 for q in running}
+    for q in sorted(waiting, key=lambda q: -q.prompt_len)[:max_seqs - len(running)]:
+        plan[q.id] = q.prompt_len
+    return plan
+''', "cut neither"),
+    # a decode of two tokens at once: the simulator refuses the plan
+    "two_token_decode": ('''
+def my_policy(now, waiting, running, max_seqs):
+    plan = {q.id: q.prompt_len - q.prefilled or 2 for q in running}
+    for q in waiting[:max_seqs - len(running)]:
+        plan[q.id] = q.prompt_len
+    return plan
+''', "1 token a step"),
+}
+
+
+@pytest.mark.parametrize("design", ["solution", "shortest_prompt_first"])
+def test_lab06_policy_test_passes_two_different_designs(lab06_policy, design):
+    src, ns = lab06_policy
+    code = src["06_policy"] if design == "solution" else SHORTEST_PROMPT_FIRST
+    exec(compile(code, "06_policy", "exec"), ns)
+    exec(compile(src["06_policy_test"], "06_policy_test", "exec"), ns)
+
+
+@pytest.mark.parametrize("design", sorted(POOR_POLICIES))
+def test_lab06_policy_test_fails_a_poor_design(lab06_policy, design):
+    src, ns = lab06_policy
+    code, why = POOR_POLICIES[design]
+    exec(compile(code, "06_policy", "exec"), ns)
+    with pytest.raises((AssertionError, ValueError), match=why):
+        exec(compile(src["06_policy_test"], "06_policy_test", "exec"), ns)
+
+
+@pytest.fixture(scope="module")
+def lab08_plan():
+    """Lab 08's setup, the course's scores (`ref`) and layer losses (`drop_loss`), as the
+    notebook computes them before the plan's test."""
+    threads = torch.get_num_threads()
+    src = cells("08_pruning_distillation")
+    ns: dict = {}
+    exec(compile(src["08_setup"], "08_setup", "exec"), ns)
+    exec(compile(src["08_calib"], "08_calib", "exec"), ns)
+    exec(compile(src["08_prune"], "08_prune", "exec"), ns)
+    exec("ref = pruning.importance(target, CALIB)\n"
+         "drop_loss = pruning.layer_drop_loss(target, CALIB[:2])", ns)
+    yield src, ns
+    torch.set_num_threads(threads)
+
+
+# a second design, unlike the solution's fixed recipe: a search. For each number of heads, the
+# most neurons the budget allows; then the candidate whose pruned model (the student's own
+# prune_model) has the lowest loss on one calibration batch
+SEARCH = '''
+def pruning_plan(imp, layer_loss, budget):
+    best = None
+    for n_heads in range(2, 7):
+        for hidden in range(1024, 0, -16):
+            if replace(target.config, n_heads=n_heads, n_kv_heads=None,
+                       hidden_dim=hidden).num_params() <= budget:
+                keep = pruning.choose(imp, n_heads=n_heads, hidden_dim=hidden)
+                loss = pruning.lm_loss(prune_model(target, keep), CALIB[:1])
+                if best is None or loss < best[0]:
+                    best = (loss, keep)
+                break
+    return best[1]
+'''
+POOR_PLANS = {
+    # the solution's shape, but random heads and neurons instead of the top-scored ones
+    "random_parts": ('''
+def pruning_plan(imp, layer_loss, budget):
+    import random
+    rng = random.Random(0)
+    for hidden in range(1024, 0, -8):
+        if replace(target.config, n_heads=4, n_kv_heads=None, hidden_dim=hidden).num_params() <= budget:
+            break
+    L = target.config.n_layers
+    return pruning.Keep(list(range(L)), [sorted(rng.sample(range(6), 4)) for _ in range(L)],
+                        [sorted(rng.sample(range(1024), hidden)) for _ in range(L)], list(range(384)))
+''', "nats above"),
+    # the right scores, 8 neurons a layer too many: over the budget
+    "over_budget": ('''
+def pruning_plan(imp, layer_loss, budget):
+    for hidden in range(1024, 0, -8):
+        if replace(target.config, n_heads=4, n_kv_heads=None, hidden_dim=hidden).num_params() <= budget:
+            return pruning.choose(imp, n_heads=4, hidden_dim=hidden + 8)
+''', "over the budget"),
+}
+
+
+@pytest.mark.parametrize("design", ["solution", "search"])
+def test_lab08_plan_test_passes_two_different_designs(lab08_plan, design):
+    src, ns = lab08_plan
+    exec(compile(src["08_plan"] if design == "solution" else SEARCH, "08_plan", "exec"), ns)
+    exec(compile(src["08_plan_test"], "08_plan_test", "exec"), ns)
+
+
+@pytest.mark.parametrize("design", sorted(POOR_PLANS))
+def test_lab08_plan_test_fails_a_poor_design(lab08_plan, design):
+    src, ns = lab08_plan
+    code, why = POOR_PLANS[design]
+    exec(compile(code, "08_plan", "exec"), ns)
+    with pytest.raises(AssertionError, match=why):
+        exec(compile(src["08_plan_test"], "08_plan_test", "exec"), ns)

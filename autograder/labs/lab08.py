@@ -1,5 +1,6 @@
 """Lab 08: probes run the student's scores, pruning and distillation on models built in their
-kernel from a spec (`build`). No timing."""
+kernel from a spec (`build`), and ask their pruning plan for a budget; the plan is graded by the
+held-out loss of the pruned model against the course's plan for the same budget. No timing."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +11,11 @@ import torch
 import minillm
 from autograder import labs
 from autograder.probes import fresh_model, probe
+from minillm import pruning
 from minillm.config import ModelConfig
 from minillm.model import Transformer
 from minillm.pruning import Importance, Keep
+from minillm.train import evaluate
 
 
 def score_model(model, batches, head_scores, neuron_scores, block_influence) -> Importance:
@@ -145,5 +148,65 @@ def distill_steps(distill_step, student, teacher, x, lr: float, temperature: flo
     return out
 
 
+# The pruning-plan task: a plan passes if the pruned target (no repair) fits the parameter
+# budget and its held-out loss is at most PLAN_MARGIN nats above the course's plan's
+PLAN_MARGIN = 0.1
+PLAN_TOKENS = 4096            # held-out tokens per evaluation (windows of 256)
+
+
+@probe
+def plan_of(pruning_plan, imp: dict, layer_loss, budget: int) -> dict:
+    """The student's `pruning_plan(Importance, layer_loss, budget)`, as Keep's fields."""
+    keep = pruning_plan(Importance(**imp), layer_loss.clone(), int(budget))
+    return {"layers": [int(i) for i in keep.layers], "channels": [int(i) for i in keep.channels],
+            "heads": [[int(i) for i in h] for h in keep.heads],
+            "neurons": [[int(i) for i in n] for n in keep.neurons]}
+
+
+def keep_params(config: ModelConfig, keep: Keep) -> int:
+    """Parameters of the model `keep` makes of a model of `config`."""
+    return dataclasses.replace(config, n_layers=len(keep.layers), n_heads=len(keep.heads[0]),
+                               n_kv_heads=None, hidden_dim=len(keep.neurons[0]),
+                               dim=len(keep.channels)).num_params()
+
+
+def reference_plan(imp: Importance, config: ModelConfig, budget: int) -> Keep:
+    """The course's plan: width only, two thirds of every layer's heads (the top-scored ones),
+    then the most MLP neurons (a multiple of 8) the budget allows."""
+    n_heads = max(1, round(config.n_heads * 2 / 3))
+    for hidden in range(config.hidden_dim - config.hidden_dim % 8, 0, -8):
+        keep = pruning.choose(imp, n_heads=n_heads, hidden_dim=hidden)
+        if keep_params(config, keep) <= budget:
+            return keep
+    raise ValueError(f"no width-only plan fits {budget} parameters")
+
+
+def check_plan(pruning_plan, model: Transformer, imp: Importance, layer_loss, budget: int,
+               val_ids, offset: int = 0) -> dict:
+    """Ask the plan for `budget`, prune `model` with the course's prune, and compare held-out
+    losses (PLAN_TOKENS tokens from `offset`) with the course's plan; print, then assert."""
+    keep = Keep(**plan_of(pruning_plan, dataclasses.asdict(imp), layer_loss, budget))
+    try:
+        small = pruning.prune(model, keep)
+    except (ValueError, IndexError, RuntimeError) as e:
+        raise AssertionError(f"your plan is not a valid Keep for the target: {e}") from None
+    ref = pruning.prune(model, reference_plan(imp, model.config, budget))
+    data = val_ids[offset:]
+    loss = evaluate(small, data, 256, max_tokens=PLAN_TOKENS)[0]
+    ref_loss = evaluate(ref, data, 256, max_tokens=PLAN_TOKENS)[0]
+    c = small.config
+    print(f"budget {budget:,} parameters: your plan keeps {c.n_layers} layers x {c.dim}, "
+          f"{c.n_heads} heads, MLP {c.hidden_dim}: {small.num_params():,} parameters, held-out "
+          f"loss {loss:.3f}; the course's plan {ref_loss:.3f}; yours must be <= "
+          f"{ref_loss + PLAN_MARGIN:.3f} (+{PLAN_MARGIN} nats)")
+    assert small.num_params() <= budget, \
+        f"{small.num_params():,} parameters: over the budget of {budget:,}"
+    assert loss <= ref_loss + PLAN_MARGIN, (
+        f"held-out loss {loss:.3f}, more than {PLAN_MARGIN} nats above the course's plan "
+        f"({ref_loss:.3f}): which parts did you remove, and what did their scores say?")
+    return {"loss": loss, "ref_loss": ref_loss, "params": small.num_params()}
+
+
 __all__ = ["score_model", "random_model", "build", "spec_of", "importance_of", "pruned",
-           "loss_and_grad", "distill_steps"]
+           "loss_and_grad", "distill_steps", "plan_of", "keep_params", "reference_plan",
+           "check_plan"]
