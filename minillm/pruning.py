@@ -172,6 +172,24 @@ def choose(imp: Importance, n_layers: int | None = None, n_heads: int | None = N
                 top(imp.channels, dim or D))
 
 
+def kept_params(config, keep: Keep) -> int:
+    """Parameters of the model `prune` makes with `keep` from a model of `config`."""
+    return replace(config, n_layers=len(keep.layers), n_heads=len(keep.heads[0]),
+                   n_kv_heads=None, hidden_dim=len(keep.neurons[0]),
+                   dim=len(keep.channels)).num_params()
+
+
+def width_plan(imp: Importance, config, budget: int) -> Keep:
+    """Lab 08's reference pruning plan: width only, two thirds of every layer's heads (the
+    top-scored ones), then the most MLP neurons (a multiple of 8) that fit `budget` parameters."""
+    n_heads = max(1, round(config.n_heads * 2 / 3))
+    for hidden in range(config.hidden_dim - config.hidden_dim % 8, 0, -8):
+        keep = choose(imp, n_heads=n_heads, hidden_dim=hidden)
+        if kept_params(config, keep) <= budget:
+            return keep
+    raise ValueError(f"no width-only plan fits {budget} parameters")
+
+
 @torch.no_grad()
 def prune(model: Transformer, keep: Keep) -> Transformer:
     """A new, smaller Transformer holding the kept slices of `model`'s weights."""

@@ -163,34 +163,17 @@ def plan_of(pruning_plan, imp: dict, layer_loss, budget: int) -> dict:
             "neurons": [[int(i) for i in n] for n in keep.neurons]}
 
 
-def keep_params(config: ModelConfig, keep: Keep) -> int:
-    """Parameters of the model `keep` makes of a model of `config`."""
-    return dataclasses.replace(config, n_layers=len(keep.layers), n_heads=len(keep.heads[0]),
-                               n_kv_heads=None, hidden_dim=len(keep.neurons[0]),
-                               dim=len(keep.channels)).num_params()
-
-
-def reference_plan(imp: Importance, config: ModelConfig, budget: int) -> Keep:
-    """The course's plan: width only, two thirds of every layer's heads (the top-scored ones),
-    then the most MLP neurons (a multiple of 8) the budget allows."""
-    n_heads = max(1, round(config.n_heads * 2 / 3))
-    for hidden in range(config.hidden_dim - config.hidden_dim % 8, 0, -8):
-        keep = pruning.choose(imp, n_heads=n_heads, hidden_dim=hidden)
-        if keep_params(config, keep) <= budget:
-            return keep
-    raise ValueError(f"no width-only plan fits {budget} parameters")
-
-
 def check_plan(pruning_plan, model: Transformer, imp: Importance, layer_loss, budget: int,
                val_ids, offset: int = 0) -> dict:
     """Ask the plan for `budget`, prune `model` with the course's prune, and compare held-out
-    losses (PLAN_TOKENS tokens from `offset`) with the course's plan; print, then assert."""
+    losses (PLAN_TOKENS tokens from `offset`) with the course's plan (`pruning.width_plan`,
+    withheld from the student's kernel); print, then assert."""
     keep = Keep(**plan_of(pruning_plan, dataclasses.asdict(imp), layer_loss, budget))
     try:
         small = pruning.prune(model, keep)
     except (ValueError, IndexError, RuntimeError) as e:
         raise AssertionError(f"your plan is not a valid Keep for the target: {e}") from None
-    ref = pruning.prune(model, reference_plan(imp, model.config, budget))
+    ref = pruning.prune(model, pruning.width_plan(imp, model.config, budget))
     data = val_ids[offset:]
     loss = evaluate(small, data, 256, max_tokens=PLAN_TOKENS)[0]
     ref_loss = evaluate(ref, data, 256, max_tokens=PLAN_TOKENS)[0]
@@ -208,5 +191,4 @@ def check_plan(pruning_plan, model: Transformer, imp: Importance, layer_loss, bu
 
 
 __all__ = ["score_model", "random_model", "build", "spec_of", "importance_of", "pruned",
-           "loss_and_grad", "distill_steps", "plan_of", "keep_params", "reference_plan",
-           "check_plan"]
+           "loss_and_grad", "distill_steps", "plan_of", "check_plan"]
