@@ -237,6 +237,10 @@ def test_source_is_committed_without_outputs(lab):
     dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
              and (c.get("outputs") or c.get("execution_count") is not None)]
     assert not dirty, f"{lab}: code cells {dirty} have outputs or an execution_count"
+    raw = json.loads((REPO / "labs" / lab / f"{lab}.ipynb").read_text())["cells"]
+    ids = [c.get("id") for c in raw]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    assert not twice, f"{lab}: cell ids {twice} appear twice (a copied cell keeps its id)"
 
 
 @pytest.mark.parametrize("lab", LABS)

@@ -16,6 +16,13 @@ from autograder.probes import probe
 from autograder.timing import time_ratio
 from kernels.intmath import cdiv
 from kernels.paged_attention_ref import paged_attention_decode_ref
+from kernels.split_model import (  # noqa: F401 (the notebook's lab07.split_decode_us, ...)
+    H100_SWEEP_US,
+    MAX_SPLITS,
+    SPLIT_GPU,
+    best_split_us,
+    split_decode_us,
+)
 
 # (context lengths, query heads N, KV heads K, head dim H, block size): ragged, GQA groups of 4
 CASE = ([3000, 2100, 2700, 3072], 8, 2, 32, 16)
@@ -139,52 +146,13 @@ SPEED_CHECK = SpeedCheck(
 check_paged_decode_speed = SPEED_CHECK.check
 
 
-# ---- the split-count design task: a cost model of a GPU running the split decode -------------
-# An H100 (132 SMs) running the course's split kernel on bf16 K/V, 4 query heads per KV head of
-# 128: n programs in flight stream PEAK * n / (n + HALF) bytes/us (memory latency is hidden only
-# with many loads in flight: Little's law); at most n_sm * PER_SM programs run at once (a wave);
-# every wave pays a program's start, every split launch beyond 1 a merge pass that reads the
-# partials back. Fitted to the split sweep of benchmarks/RESULTS.md ("Paged attention kernels
-# (lab 07, NVIDIA H100)"), which the notebook prints beside it.
-SPLIT_GPU = {"n_sm": 132, "per_sm": 4, "peak_bytes_per_us": 3.35e6, "half_programs": 140,
-             "wave_start_us": 0.5, "merge_launch_us": 6.0}
-# the sweep quoted: B = 1, 8 KV heads, 32 768 tokens, blocks of 16: splits -> us
-H100_SWEEP_US = {1: 664.9, 4: 257.7, 8: 139.7, 16: 83.9, 24: 68.5, 33: 59.4, 48: 57.6, 64: 57.5,
-                 96: 63.7, 128: 60.3, 256: 61.4}
+# ---- the split-count design task, graded on kernels/split_model.py's cost model of an H100 --
 # graded: the model's time at the rule's choice within 20 % (or 5 us) of the model's best over
 # 1..MAX_SPLITS splits, on every shape (batch, KV heads, context, block size) of SPLIT_SHAPES
 SPLIT_TOLERANCE = {"relative": 0.20, "absolute_us": 5.0}
-MAX_SPLITS = 256
 SPLIT_SHAPES = tuple((b, k, L, 16) for b in (1, 2, 4, 8, 32, 64) for k in (1, 2, 8)
                      for L in (2048, 8192, 32768))
 SPLIT_SHAPES_VISIBLE = ((1, 8, 32768, 16), (32, 8, 4096, 16), (4, 2, 8192, 16))
-
-
-def split_decode_us(batch: int, n_kv_heads: int, context_len: int, num_splits: int,
-                    block_size: int = 16, gpu: dict | None = None, head_dim: int = 128,
-                    group: int = 4) -> float:
-    """The model's time (us) of one split decode of `batch` sequences of `context_len` tokens."""
-    gpu = SPLIT_GPU if gpu is None else gpu
-    blocks = cdiv(context_len, block_size)
-    per_split = cdiv(blocks, max(1, int(num_splits)))          # whole blocks per split
-    splits = cdiv(blocks, per_split)                            # the splits that hold a block
-    programs = batch * n_kv_heads * splits
-    program_bytes = per_split * block_size * 2 * head_dim * 2   # its K and V rows, bf16
-    wave, peak = gpu["n_sm"] * gpu["per_sm"], gpu["peak_bytes_per_us"]
-    t, left = 0.0, programs
-    while left > 0:
-        n = min(left, wave)
-        t += n * program_bytes * (n + gpu["half_programs"]) / (n * peak) + gpu["wave_start_us"]
-        left -= n
-    if splits > 1:                          # partials and lse (fp32) written, then read back
-        t += batch * n_kv_heads * group * splits * (head_dim + 1) * 4 * 2 / peak \
-            + gpu["merge_launch_us"]
-    return t
-
-
-def best_split_us(batch, n_kv_heads, context_len, block_size=16, gpu=None) -> float:
-    return min(split_decode_us(batch, n_kv_heads, context_len, s, block_size, gpu)
-               for s in range(1, MAX_SPLITS + 1))
 
 
 @probe

@@ -207,15 +207,15 @@ def decode_bytes() -> str:
 
 @figure
 def split_programs() -> Figure:
-    """Lab 07's cost model of an H100 running the split decode (autograder.labs.lab07.
+    """Lab 07's cost model of an H100 running the split decode (kernels.split_model.
     split_decode_us: programs in flight, waves, the merge) against the number of splits, for 1,
     4 and 32 sequences of 32k tokens with 8 KV heads, beside the H100 sweep of
     benchmarks/RESULTS.md (1 sequence)."""
     import numpy as np
 
-    from autograder.labs.lab07 import H100_SWEEP_US, split_decode_us
+    from kernels.split_model import H100_SWEEP_US, split_decode_us
     splits = np.arange(1, 257)
-    fig, ax = new_figure(7, 4.6)
+    fig, ax = new_figure(7, 3.0)
     for batch, color in ((1, BLUE), (4, GREEN), (32, ORANGE)):
         ax.plot(splits, [split_decode_us(batch, 8, 32768, int(s)) for s in splits], color=color,
                 label=f"model, batch {batch}")
