@@ -160,8 +160,7 @@ def test_the_split_task_states_its_grading():
     assert f"shapes from {b[0]} to {b[-1]} sequences, {k[0]} to {k[-1]} KV heads and contexts of " \
            f"{_n(L[0])} to {_n(L[-1])} tokens" in md
     assert lab07.SPLIT_GPU["n_sm"] == 132 and "an H100's 132 SMs" in md
-    assert f"within {tol['relative']:.0%} (or {tol['absolute_us']:g} µs) of its best S" \
-        .replace("%", " %") in _flat(SLIDES)
+    assert "`choose_num_splits(...)`, graded on the lab's cost model" in _flat(SLIDES)
 
 
 def test_the_kernel_sections_numbers():
