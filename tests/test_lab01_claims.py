@@ -10,9 +10,6 @@ beside a busy loop, with lab 00's Q1 bandwidth range (it quotes lab 01's sweep a
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import re
 from pathlib import Path
 
@@ -20,44 +17,18 @@ import matplotlib
 import pytest
 import torch
 from cpu_load import competing_cpu_load
+from lab_notebook import LabNotebook
+from lab_notebook import flat as _flat
+from lab_notebook import run as _run
 
 REPO = Path(__file__).resolve().parent.parent
-LAB = REPO / "labs" / "01_roofline" / "01_roofline.ipynb"
-LAB00 = REPO / "labs" / "00_sampling" / "00_sampling.ipynb"
+NB = LabNotebook("01_roofline")
+_by_id = NB.by_id
+_starting = NB.starting
 SLIDES = REPO / "slides" / "01_roofline.md"
 SOLUTIONS = ("01_setup", "01_matmul", "01_accelerator", "01_mlp", "01_attention", "01_shapes",
              "01_params_kv", "01_napkin", "01_max_batch", "01_measured_counts", "01_fit_roofline",
              "01_serve_batched", "01_tensor_parallel")
-
-
-def _cells(path: Path = LAB) -> list[dict]:
-    return json.loads(path.read_text())["cells"]
-
-
-def _by_id(gid: str, path: Path = LAB) -> str:
-    found = ["".join(c["source"]) for c in _cells(path)
-             if c["metadata"].get("nbgrader", {}).get("grade_id") == gid]
-    assert len(found) == 1, f"{len(found)} cells with grade_id {gid}"
-    return found[0]
-
-
-def _starting(start: str) -> str:
-    found = ["".join(c["source"]) for c in _cells()
-             if c["cell_type"] == "code" and "".join(c["source"]).startswith(start)]
-    assert len(found) == 1, f"{len(found)} code cells start with {start!r}"
-    return found[0]
-
-
-def _run(ns: dict, source: str, name: str) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(source, name, "exec"), ns)
-    return out.getvalue()
-
-
-def _flat(text: str) -> str:
-    """Markdown with its line breaks folded, so that a quoted figure may span two lines."""
-    return re.sub(r"\s+", " ", text)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +184,7 @@ def test_the_sweep_keeps_the_ranges_the_text_states(lab01):
             in _flat(_by_id("01_md_roofline_read")))
     assert f"at least {LARGE_B_NEAR:g} of it" in q3
     assert (f"{BANDWIDTH_GBS[0]:g}–{BANDWIDTH_GBS[1]:g} GB/s that lab 01's sweep measures"
-            in _flat(_by_id("00_q1", LAB00)))
+            in _flat(LabNotebook("00_sampling").by_id("00_q1")))
 
 
 def test_q1_and_the_batching_citation(lab01):

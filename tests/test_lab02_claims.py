@@ -9,48 +9,21 @@ None of these figures is a timing: they are checked exactly, in a few seconds.
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import math
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from lab_notebook import LabNotebook
+from lab_notebook import flat as _flat
+from lab_notebook import run as _run
 
 REPO = Path(__file__).resolve().parent.parent
-LAB = REPO / "labs" / "02_kv_cache" / "02_kv_cache.ipynb"
+NB = LabNotebook("02_kv_cache")
+_by_id = NB.by_id
+_starting = NB.starting
 SLIDES = REPO / "slides" / "02_kv_cache.md"
-
-
-def _cells() -> list[dict]:
-    return json.loads(LAB.read_text())["cells"]
-
-
-def _by_id(gid: str) -> str:
-    found = ["".join(c["source"]) for c in _cells()
-             if c["metadata"].get("nbgrader", {}).get("grade_id") == gid]
-    assert len(found) == 1, f"{len(found)} cells with grade_id {gid}"
-    return found[0]
-
-
-def _starting(start: str) -> str:
-    found = ["".join(c["source"]) for c in _cells()
-             if c["cell_type"] == "code" and "".join(c["source"]).startswith(start)]
-    assert len(found) == 1, f"{len(found)} code cells start with {start!r}"
-    return found[0]
-
-
-def _run(ns: dict, source: str, name: str) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(source, name, "exec"), ns)
-    return out.getvalue()
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 @pytest.fixture(scope="module")

@@ -10,53 +10,26 @@ step against the naive one, Q3): marked slow, run beside a busy loop.
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import re
 from pathlib import Path
 
 import matplotlib
 import pytest
 import torch
+from lab_notebook import LabNotebook
+from lab_notebook import flat as _flat
+from lab_notebook import run as _run
 
 REPO = Path(__file__).resolve().parent.parent
-LAB = REPO / "labs" / "03_shrinking_kv" / "03_shrinking_kv.ipynb"
+NB = LabNotebook("03_shrinking_kv")
+_by_id = NB.by_id
+_starting = NB.starting
 
 # budget (bytes per token) -> the best design of the course's search (MHA, GQA K = 3, 2, 1, CLA
 # share 2, 3 alone and on each GQA, MLA with the svd key at C = 16, 32, ... 384; each with and
 # without int8), whose perplexity autograder/labs/lab03.py keeps as the bar
 BEST_DESIGNS = {800: [("mla", 96, "svd"), ("int8",)], 1500: [("mla", 192, "svd"), ("int8",)],
                 3000: [("mla", 256, "svd"), ("int8",)], 5000: [("int8",)]}
-
-
-def _cells() -> list[dict]:
-    return json.loads(LAB.read_text())["cells"]
-
-
-def _by_id(gid: str) -> str:
-    found = ["".join(c["source"]) for c in _cells()
-             if c["metadata"].get("nbgrader", {}).get("grade_id") == gid]
-    assert len(found) == 1, f"{len(found)} cells with grade_id {gid}"
-    return found[0]
-
-
-def _starting(start: str) -> str:
-    found = ["".join(c["source"]) for c in _cells()
-             if c["cell_type"] == "code" and "".join(c["source"]).startswith(start)]
-    assert len(found) == 1, f"{len(found)} code cells start with {start!r}"
-    return found[0]
-
-
-def _run(ns: dict, source: str, name: str) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        exec(compile(source, name, "exec"), ns)
-    return out.getvalue()
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 @pytest.fixture(scope="module")

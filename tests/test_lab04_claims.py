@@ -9,43 +9,19 @@ machine, so they are checked exactly.
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from lab_notebook import LabNotebook
+from lab_notebook import run as _run
 
 REPO = Path(__file__).resolve().parent.parent
-LAB = REPO / "labs" / "04_quantization" / "04_quantization.ipynb"
-
-
-def _cells() -> list[dict]:
-    return json.loads(LAB.read_text())["cells"]
-
-
-def _by_id(gid: str) -> str:
-    found = ["".join(c["source"]) for c in _cells()
-             if c["metadata"].get("nbgrader", {}).get("grade_id") == gid]
-    assert len(found) == 1, f"{len(found)} cells with grade_id {gid}"
-    return found[0]
-
-
-def _starting(start: str) -> str:
-    found = ["".join(c["source"]) for c in _cells()
-             if c["cell_type"] == "code" and "".join(c["source"]).startswith(start)]
-    assert len(found) == 1, f"{len(found)} code cells start with {start!r}"
-    return found[0]
-
-
-def _run(ns: dict, source: str, name: str) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(source, name, "exec"), ns)
-    return out.getvalue()
+NB = LabNotebook("04_quantization")
+_by_id = NB.by_id
+_starting = NB.starting
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +329,7 @@ def test_the_gpu_section_quotes_the_napkin_and_results_md(lab04):
     h100 = lab04["roofline"].get_hardware("h100")
     assert f"divided by {h100.mem_bandwidth_bytes_per_s / 1e12:.2f} TB/s" in text
     if not torch.cuda.is_available():
+        _run(lab04, _by_id("04_bits"), "04_bits")       # the cell uses stored_bits_per_weight
         printed = _run(lab04, _starting("N = K = 4096\nG = 128"), "gpu napkin")
         ratios = dict(re.findall(r"^\s*(\w+):.*= ([\d.]+)x bf16", printed, re.M))
         assert ratios["w8a16"] == "2.00" and f"{float(ratios['w4a16']):.1f}" == "3.6", ratios
