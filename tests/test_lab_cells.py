@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fairness_more import SEARCH_PLAN, SHORTEST_PROMPT_FIRST
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow          # ~15 s: each test runs lab 02's setup and test cells
@@ -330,14 +331,8 @@ def test_lab05_choose_k_test_fails_a_rule_that_only_the_hidden_part_catches(lab0
 
 
 # a second design, unlike the solution's decode-first token budget: whole prompts, but a free
-# seat goes to the shortest waiting prompt (it cuts the mean TTFT, not the inter-token latency)
-SHORTEST_PROMPT_FIRST = '''
-def my_policy(now, waiting, running, max_seqs):
-    plan = {q.id: q.prompt_len - q.prefilled or 1 for q in running}
-    for q in sorted(waiting, key=lambda q: q.prompt_len)[:max_seqs - len(running)]:
-        plan[q.id] = q.prompt_len
-    return plan
-'''
+# seat goes to the shortest waiting prompt (it cuts the mean TTFT, not the inter-token latency;
+# fairness_more.SHORTEST_PROMPT_FIRST, also graded through nbgrader in the fairness batch)
 POOR_POLICIES = {
     # one request at a time: short gaps between tokens, but the seats sit idle
     "one_at_a_time": ('''
@@ -398,23 +393,9 @@ def lab08_plan():
     torch.set_num_threads(threads)
 
 
-# a second design, unlike the solution's fixed recipe: a search. For each number of heads, the
-# most neurons the budget allows; then the candidate whose pruned model (the student's own
-# prune_model) has the lowest loss on one calibration batch
-SEARCH = '''
-def pruning_plan(imp, layer_loss, budget):
-    best = None
-    for n_heads in range(2, 7):
-        for hidden in range(1024, 0, -16):
-            if replace(target.config, n_heads=n_heads, n_kv_heads=None,
-                       hidden_dim=hidden).num_params() <= budget:
-                keep = pruning.choose(imp, n_heads=n_heads, hidden_dim=hidden)
-                loss = pruning.lm_loss(prune_model(target, keep), CALIB[:1])
-                if best is None or loss < best[0]:
-                    best = (loss, keep)
-                break
-    return best[1]
-'''
+# the second design, unlike the solution's fixed recipe, is fairness_more.SEARCH_PLAN: for each
+# number of heads the most neurons the budget allows, then the candidate whose pruned model has
+# the lowest loss on one calibration batch
 POOR_PLANS = {
     # the solution's shape, but random heads and neurons instead of the top-scored ones
     "random_parts": ('''
@@ -441,7 +422,7 @@ def pruning_plan(imp, layer_loss, budget):
 @pytest.mark.parametrize("design", ["solution", "search"])
 def test_lab08_plan_test_passes_two_different_designs(lab08_plan, design):
     src, ns = lab08_plan
-    exec(compile(src["08_plan"] if design == "solution" else SEARCH, "08_plan", "exec"), ns)
+    exec(compile(src["08_plan"] if design == "solution" else SEARCH_PLAN, "08_plan", "exec"), ns)
     exec(compile(src["08_plan_test"], "08_plan_test", "exec"), ns)
 
 
