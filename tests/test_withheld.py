@@ -373,3 +373,25 @@ ins = tri.case_inputs("w4a16_gemv", tri.CASES["w4a16_gemv"][0], 1, fence=True)
 print("probes", len(ins), len(tri._speed_inputs("w4a16", 32, 256, 128, "cpu")[0]))
 """)
     assert out.split() == ["withheld"] * 10 + ["bench", "True", "True", "probes", "4", "4"], out
+
+
+def test_lab08_a_plan_cannot_delegate_to_the_graders_own_plan(tmp_path):
+    """The trick: a pruning plan that returns the course's plan. The grading module that the
+    kernel imports holds no plan of its own (it calls `pruning.width_plan` in the tester), and in
+    the kernel `pruning.width_plan` is the lab's stub."""
+    nb = nbformat.read(str(REPO / "labs" / "08_pruning_distillation" /
+                           "08_pruning_distillation.ipynb"), as_version=4)
+    course, _ = build(withheld_of(nb), "08_pruning_distillation", tmp_path / "course")
+    out = run_with(course, """
+import autograder.labs.lab08 as lab08
+from minillm import pruning
+print("plans in the grading module:", sorted(n for n in vars(lab08) if "plan" in n.lower()))
+try:
+    pruning.width_plan(None, None, 0)
+except NotImplementedError as e:
+    print("withheld:", e)
+""")
+    assert "plans in the grading module: ['PLAN_MARGIN', 'PLAN_TOKENS', 'check_plan', 'plan_of']" \
+        in out, out
+    assert "withheld: minillm.pruning.width_plan is the course's answer to lab " \
+           "08_pruning_distillation" in out, out
