@@ -1,18 +1,20 @@
 """The nbgrader pipeline on every lab: release, then autograde three submissions per lab.
 
-    (a) the source notebook itself            -> full points on every autograded cell,
-                                                 and it runs top to bottom in < 180 s
+    (a) the source notebook itself            -> full points on every autograded cell, no cell
+                                                 fails, and the graded part runs in < 180 s
     (b) the untouched student version         -> zero on every autograded cell, no crash
     (c) labs/NN_topic/wrong_submission.json   -> the listed cells lose points
 
-(b) and (c) run their notebook up to the last cell they check (the last autograded code cell,
-the last listed cell): the student's own code cells after it are not run, since they cannot
-change its verdict, and the lab's slowest measurements are not run once more.
+Each runs its notebook up to the last cell it checks (the last autograded code cell, the last
+listed cell): the student's own code cells after it are not run, since they cannot change a
+verdict, and the lab's slowest measurements are not run once more. The whole notebook runs top
+to bottom, in under 180 s, in JupyterLab (tests/test_browser.py), and its measurements beside a
+busy core in tests/test_lab_measurements.py.
 
 All of it happens in one temporary course (a copy of nbgrader_config.py and labs/), so the
-repository's build/ is never touched. Each source notebook is executed once whole, for (a);
-(b) fails fast. A tiny dummy lab, built here, runs through the same steps and through the
-command line (`grade` with crashing / hanging submissions, `selfgrade`, feedback, CSV).
+repository's build/ is never touched. (b) fails fast. A tiny dummy lab, built here, runs through
+the same steps and through the command line (`grade` with crashing / hanging submissions,
+`selfgrade`, feedback, CSV).
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ from autograder.course import Course
 REPO = Path(__file__).resolve().parent.parent
 LABS = Course(REPO).labs()
 DUMMY = "99_dummy"
-MAX_SECONDS = 180           # a lab runs top to bottom in under 3 minutes on 2 CPU cores
+MAX_SECONDS = 180           # a lab runs top to bottom in under 3 minutes on 2 CPU cores (the whole
+                            # notebook: tests/test_browser.py; its graded part here)
 pytestmark = pytest.mark.slow
 
 
@@ -166,6 +169,8 @@ class Pipeline:
             src = self.course.source(lab)
             if student == "source":
                 nb = nbformat.read(str(src / f"{lab}.ipynb"), as_version=4)
+                nb = without_the_tail(nb, autograded_code_cells(nb),
+                                      "(a): after the last autograded cell")
             elif student == "release":
                 nb = nbformat.read(str(self.course.release_dir(lab) / f"{lab}.ipynb"),
                                    as_version=4)
