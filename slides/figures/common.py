@@ -3,6 +3,7 @@ the slide style and `render`."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Callable
 
 import matplotlib
@@ -42,6 +43,24 @@ def html_table(header: list[str], rows: list[list[str]], cls: str = "data") -> s
     head = "".join(f"<th>{h}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "RESULTS.md"
+
+
+def recorded_row(section: str, label: str) -> list[str]:
+    """The cells after the first one of the table row starting with `label`, in the section of
+    benchmarks/RESULTS.md whose `## ` heading starts with `section`: a figure that plots a run
+    too slow to repeat for every build plots the run RESULTS.md records, with its command."""
+    text = RESULTS.read_text()
+    start = text.index(f"\n## {section}")
+    end = text.find("\n## ", start + 4)
+    rows = [line for line in text[start:end if end > 0 else None].splitlines()
+            if line.startswith(f"| {label}")]
+    if len(rows) != 1:
+        raise ValueError(f"benchmarks/RESULTS.md, {section!r}: {len(rows)} rows start with "
+                         f"{label!r}, one expected")
+    return [cell.strip() for cell in rows[0].strip().strip("|").split("|")[1:]]
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,11 +1,10 @@
 """Figures for the deck of lab 09: beyond attention (slides/09_beyond_attention.md).
 
-Computed with minillm.linear_attention, minillm.roofline, minillm.recall and minillm.diffusion on
-the shipped checkpoints: counts, napkin math, a small seeded recall training and greedy diffusion
-samples. No timing: the deck's speed statements are the lab's measured ranges, in the text."""
+Computed with minillm.linear_attention and minillm.roofline on the shipped checkpoints (counts and
+napkin math); the recall curves and the diffusion trade-off plot the seeded runs
+benchmarks/RESULTS.md records (minillm.recall's trainings and minillm.diffusion's samples). No
+timing: the deck's speed statements are the lab's measured ranges, in the text."""
 from __future__ import annotations
-
-import functools
 
 from matplotlib.figure import Figure
 
@@ -18,6 +17,7 @@ from .common import (
     html_table,
     model_and_tokenizer,
     new_figure,
+    recorded_row,
     style_axes,
 )
 
@@ -81,23 +81,19 @@ def llama_hybrid_batch() -> str:
     return html_table(["S", "Llama-2-13B state", "max B", "1-in-8 hybrid state", "max B"], rows)
 
 
-@functools.lru_cache(maxsize=1)
-def _recall():
-    from minillm import recall
-    ns, out = [4, 8, 16, 32, 64], {}
-    for name, (mixer, heads) in {"attention": ("attention", 1), "linear, H = 64": ("linear", 1),
-                                 "linear, H = 16": ("linear", 4)}.items():
-        m = recall.recall_model(mixer, dim=64, n_layers=1, n_heads=heads, seed=0)
-        recall.train_recall(m)                    # lab 09's settings
-        out[name] = [recall.recall_accuracy(m, n) for n in ns]
-    return ns, out
+SECTION = "Beyond attention: a hybrid and a diffusion model"      # in benchmarks/RESULTS.md
 
 
 @figure
 def recall_curves() -> Figure:
     """MQAR accuracy against the number of pairs for one-layer models of width 64 trained as in
-    the lab (minillm.recall, 400 steps, seed 0)."""
-    ns, acc = _recall()
+    the lab (minillm.recall, 400 steps, seed 0): the run benchmarks/RESULTS.md records (four
+    trainings: too slow to repeat for every build)."""
+    ns = [4, 8, 16, 32, 64]
+    acc = {name: [float(x) for x in recorded_row(SECTION, label)]
+           for name, label in (("attention", "softmax attention"),
+                               ("linear, H = 64", "linear, H = 64"),
+                               ("linear, H = 16", "linear, H = 16"))}
     fig, ax = new_figure(7.5, 3.8)
     for (name, a), col in zip(acc.items(), [BLUE, GREEN, ORANGE]):
         ax.plot(ns, a, "o-", color=col, label=name)
@@ -113,32 +109,14 @@ def recall_curves() -> Figure:
 @figure
 def diffusion_tradeoff() -> Figure:
     """Judge perplexity (under the target, median of three prompts) of 64 tokens written by the
-    shipped diffusion model as in the lab (temperature 0.7, blocks of 16, confidence order),
-    against tokens per forward pass; the target's own samples at the same temperature."""
+    shipped diffusion model as in the lab (temperature 0.7, blocks of 16, confidence order, seeds
+    0..2), against tokens per forward pass; the target's own samples at the same temperature.
+    The seeded run benchmarks/RESULTS.md records, which tests/test_lab_measurements.py repeats."""
     import statistics
-
-    import minillm
-    from minillm import diffusion
-    from minillm.evaluate import continuation_perplexity
-    from minillm.generate import generate_cached
-    from minillm.sampling import SamplingParams
-    target, tok = model_and_tokenizer()
-    dlm = minillm.load("diffusion")
-    prompts = ["ROMEO.\nBut soft, what light through yonder window breaks?\n",
-               "HAMLET.\nTo be, or not to be, that is the question:\n",
-               "KING.\nNow is the winter of our discontent\n"]
     steps = [64, 32, 16, 8, 4]
-
-    ppl = {s: [] for s in steps}
-    ar = []
-    for seed, p in enumerate(prompts):
-        ids = tok.encode(p)
-        for s in steps:
-            new, _ = diffusion.sample(dlm, ids, 64, s, temperature=0.7, block=16, seed=seed)
-            ppl[s].append(continuation_perplexity(target, ids, new))
-        params = SamplingParams(max_new_tokens=64, temperature=0.7, seed=seed)
-        new = generate_cached(target, [ids], params)[0]
-        ar.append(continuation_perplexity(target, ids, new))
+    cells = [[int(x) for x in c.split(", ")]
+             for c in recorded_row(SECTION, "judge perplexity, 3 prompts")]
+    ppl, ar = dict(zip(steps, cells[:5])), cells[5]
     fig, ax = new_figure(7.5, 3.8)
     ax.plot([64 / s for s in steps], [statistics.median(ppl[s]) for s in steps], "o-", color=BLUE,
             label="diffusion (confidence order, T = 0.7, blocks of 16)")
