@@ -217,6 +217,8 @@ def test_the_chunk_model_is_the_sweep_it_quotes():
         _flat(Path(cm.__file__).read_text())
     # the task's description of the grading and the machines
     assert LinearAttention.chunk == 64 and "`LinearAttention` uses 64 for every shape" in task
+    tried = re.search(r"for C in \(([\d, ]+)\):", _by_id("09_chunked_test")).group(1).split(", ")
+    assert len(tried) == 5 and "(the checks above tried five of them)" in task
     assert cm.FAST_ARITHMETIC["flops_per_us"] == 100 * c["flops_per_us"]
     assert cm.FAST_ARITHMETIC["per_score_us"] == c["per_score_us"] / 100
     assert "per-chunk costs with 100 times its arithmetic" in task
