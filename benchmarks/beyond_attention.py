@@ -1,6 +1,6 @@
 """Lab 09's three measurements, outside the notebook, for benchmarks/RESULTS.md and the note.
 
-    .venv/bin/python benchmarks/beyond_attention.py [--threads 1] [--part decode,recall,diffusion]
+    .venv/bin/python benchmarks/beyond_attention.py [--threads 1] [--part decode,recall,diffusion,chunk]
 
 * decode: one batch-1 decode step of `target` and `hybrid` against the context (caches filled by
   minillm.bench.decode_memory.filled_cache), every pair in the same interleaved rounds, medians of 7
@@ -12,7 +12,11 @@
   order, temperature 0.7, blocks of 16, seeds 0..2): the target's perplexity of each continuation
   and its share of blank tokens, the target's own samples at 0.7; the latency of 64 greedy tokens
   against the target's KV-cached greedy loop (interleaved, medians of 3 of CPU time); the held-out
-  perplexity of the target and the diffusion model's bound on 4,096 tokens.
+  perplexity of the target and the diffusion model's bound on 4,096 tokens;
+* chunk: linear_attention.chunked over T tokens against the chunk size C (powers of two up to
+  1,024) for five shapes, every C of a shape in the same interleaved rounds, medians of 3 of CPU
+  time; and the constants of minillm/bench/chunk_model.py fitted to them (least squares on the
+  relative error), with the model's time beside each measured one.
 
 The lab's cells run the same functions with the same settings; this script prints their figures.
 They feed benchmarks/RESULTS.md, "Beyond attention: a hybrid and a diffusion model".
@@ -28,7 +32,8 @@ import time
 import torch
 
 import minillm
-from minillm import diffusion, recall
+from minillm import diffusion, linear_attention, recall
+from minillm.bench import chunk_model
 from minillm.bench.decode_memory import decode_step_times, filled_cache
 from minillm.bench.timing import cpu_time_interleaved, median
 from minillm.data import load_tokens
@@ -100,17 +105,59 @@ def diffusion_part() -> dict:
             "held_out_ppl_bound_diffusion": round(math.exp(held_d), 1)}
 
 
+CHUNK_SHAPES = [(1, 6, 1024, 64), (1, 2, 2048, 32), (4, 8, 1024, 64), (1, 1, 2048, 16),
+                (2, 4, 512, 128)]          # (batch B, heads N, tokens T, head_dim H)
+
+
+def chunk_part() -> dict:
+    torch.manual_seed(0)
+    sweep = {}
+    for B, N, T, H in CHUNK_SHAPES:
+        q, k, v = (torch.randn(B, N, T, H) for _ in range(3))
+        dec = linear_attention.head_decays(N).float()
+        fns = {c: (lambda c=c: linear_attention.chunked(q, k, v, dec, c))
+               for c in (2 ** i for i in range(11)) if c <= T}
+        t = cpu_time_interleaved(fns, warmup=1, repeats=3)
+        sweep[(B, N, T, H)] = {c: round(median(x) * 1e6) for c, x in t.items()}
+    fitted = fit_chunk_model(sweep)
+    model = {str(s): {c: round(chunk_model.chunk_time_us(s[2], s[0], s[1], s[3], c, fitted))
+                      for c in row} for s, row in sweep.items()}
+    return {"sweep_us": {str(s): row for s, row in sweep.items()}, "model_us": model,
+            "fitted": fitted}
+
+
+def fit_chunk_model(sweep: dict) -> dict:
+    """chunk_model's four constants by least squares on the relative error: the model is linear
+    in per_chunk_us, per_state_value_us, 1 / flops_per_us and per_score_us."""
+    unit = {"per_chunk_us": 1.0, "per_state_value_us": 1.0, "flops_per_us": 1.0,
+            "per_score_us": 1.0}
+    rows, ys = [], []
+    for (B, N, T, H), row in sweep.items():
+        for c, us in row.items():
+            cols = []
+            for key in unit:      # each column: the model with one constant's term alone
+                only = {k: (1.0 if k == key else (float("inf") if k == "flops_per_us" else 0.0))
+                        for k in unit}
+                cols.append(chunk_model.chunk_time_us(T, B, N, H, c, only))
+            rows.append([x / us for x in cols])
+            ys.append(1.0)
+    a = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
+                           torch.tensor(ys, dtype=torch.float64)[:, None]).solution[:, 0].tolist()
+    return {"per_chunk_us": round(a[0], 1), "per_state_value_us": float(f"{a[1]:.2g}"),
+            "flops_per_us": float(f"{1 / a[2]:.2g}"), "per_score_us": float(f"{a[3]:.2g}")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--part", default="decode,recall,diffusion")
+    ap.add_argument("--part", default="decode,recall,diffusion,chunk")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     out = {"machine": platform.machine(), "torch": torch.__version__, "threads": a.threads}
     for part in a.part.split(","):
         t0 = time.time()
         out[part] = {"decode": decode_part, "recall": recall_part,
-                     "diffusion": diffusion_part}[part]()
+                     "diffusion": diffusion_part, "chunk": chunk_part}[part]()
         out[part]["seconds"] = round(time.time() - t0, 1)
     print(json.dumps(out, indent=1))
 

@@ -1,7 +1,8 @@
 """Honest submissions to labs 06, 08 and 09 in other styles (tests/test_fairness.py grades them):
 NumPy where torch was shown, the trace drawn with Python's own random module, a scheduler written as a class over a deque, a distillation step
 with a torch.optim optimizer of the student's own for a sanity check and a loss written out by
-hand, and linear attention written with einsum."""
+hand, linear attention written with einsum and a chunk length found by a search over powers of
+two."""
 from __future__ import annotations
 
 from fairness_common import Honest
@@ -144,6 +145,18 @@ def pruning_plan(imp, layer_loss, budget):
     return best[1]
 '''
 
+POW2_CHUNK_SEARCH = '''
+def choose_chunk(T, batch, n_heads, head_dim, machine):
+    # a search over powers of two on my own estimate: a whole chunk's fixed costs for each of the
+    # ceil(T / C) chunks, and the work of every token in a chunk of C (no short last chunk)
+    work = batch * n_heads
+    fixed = machine["per_chunk_us"] + machine["per_state_value_us"] * work * head_dim ** 2
+    def estimate(C):
+        arithmetic = T * work * (4 * head_dim * C + 4 * head_dim ** 2) / machine["flops_per_us"]
+        return -(-T // C) * fixed + arithmetic + T * work * C * machine["per_score_us"]
+    return min((2 ** i for i in range(20) if 2 ** i <= T), key=estimate)
+'''
+
 SUBMISSIONS = [
     # each design style shares a submission with another style of its lab: one graded notebook
     Honest("06_continuous_batching", "numpy_percentile_shortest_first",
@@ -161,6 +174,8 @@ SUBMISSIONS = [
            "the KL written out, checked with the student's own torch.optim.Adam loop, and a "
            "pruning plan found by a search over head counts on a calibration batch",
            {"08_kd_loss": KL_BY_HAND, "08_plan": SEARCH_PLAN}),
-    Honest("09_beyond_attention", "einsum_attention", "linear attention written with einsum",
-           {"09_parallel": EINSUM_ATTENTION}),
+    Honest("09_beyond_attention", "einsum_attention_pow2_chunk",
+           "linear attention written with einsum, and a chunk-length rule unlike the solution's "
+           "formula: a search over powers of two on an estimate of the student's own",
+           {"09_parallel": EINSUM_ATTENTION, "09_chunk_rule": POW2_CHUNK_SEARCH}),
 ]

@@ -179,3 +179,56 @@ def test_the_diffusion_figures_are_the_recorded_table():
         "ROMEO.\nBut soft, what light through yonder window breaks?\n")
     assert len(prompt) + 64 == 83
     assert "over the 83-token sequence" in read
+
+
+def test_the_chunk_model_is_the_sweep_it_quotes():
+    """The chunk-size task's model: its constants are the fit to the recorded sweep (the notebook's
+    09_chunk_sweep prints both), the text's ranges of measured over model are that sweep's, and
+    the task's description matches the grader's cases (exact: no timing here)."""
+    from autograder.labs import lab09 as grader
+    from benchmarks.beyond_attention import fit_chunk_model
+    from minillm.bench import chunk_model as cm
+    from minillm.linear_attention import LinearAttention
+    assert fit_chunk_model(cm.DEV_SWEEP_US) == cm.CPU_CORE
+    # RESULTS.md's table is the sweep, with the model's time in brackets
+    for (B, N, T, H), row in cm.DEV_SWEEP_US.items():
+        cells = [c for c in _table_row(f"{B}, {N} × {H}, {T:,}") if c]
+        assert cells == [f"{us / 1e3:.1f} ({cm.chunk_time_us(T, B, N, H, c) / 1e3:.1f})"
+                         for c, us in row.items()], (B, N, T, H)
+    section = _flat(_results_section())
+    c = cm.CPU_CORE
+    assert (f"`per_chunk_us` {c['per_chunk_us']}, `per_state_value_us` {c['per_state_value_us']}, "
+            f"`flops_per_us` {c['flops_per_us']:.0f} (60 GFLOP/s), `per_score_us` "
+            f"{c['per_score_us']}") in section
+    assert f"of these {sum(map(len, cm.DEV_SWEEP_US.values()))} points" in section
+    fastest = ", ".join(str(min(r, key=r.get)) for r in cm.DEV_SWEEP_US.values())
+    assert f"The fastest measured C per shape: {fastest}," in section
+    ratio = {(s, C): us / cm.chunk_time_us(s[2], s[0], s[1], s[3], C)
+             for s, row in cm.DEV_SWEEP_US.items() for C, us in row.items()}
+    short = [r for (s, C), r in ratio.items() if C <= 256]
+    at_1024 = max(r for (s, C), r in ratio.items() if C == 1024)
+    quoted = f"{min(short):.2f}–{max(short):.2f}× the model's for $C \\le 256$, and up to " \
+             f"{at_1024:.2f}× at $C$ = 1,024"
+    assert quoted == "0.79–1.26× the model's for $C \\le 256$, and up to 1.86× at $C$ = 1,024"
+    task = _flat(_by_id("09_md_chunk_size"))
+    assert quoted in task
+    assert "Measured over model: 0.79–1.26× for C ≤ 256, up to 1.86× at C = 1,024" in section
+    assert "0.79-1.26x the model's for C <= 256, and up to 1.86x at C = 1,024" in \
+        _flat(Path(cm.__file__).read_text())
+    # the task's description of the grading and the machines
+    assert LinearAttention.chunk == 64 and "`LinearAttention` uses 64 for every shape" in task
+    tried = re.search(r"for C in \(([\d, ]+)\):", _by_id("09_chunked_test")).group(1).split(", ")
+    assert len(tried) == 5 and "(the checks above tried five of them)" in task
+    assert cm.FAST_ARITHMETIC["flops_per_us"] == 100 * c["flops_per_us"]
+    assert cm.FAST_ARITHMETIC["per_score_us"] == c["per_score_us"] / 100
+    assert "per-chunk costs with 100 times its arithmetic" in task
+    cases = grader.CHUNK_CASES
+    assert len(cases) == 144 and "On 144 cases (both machines; $T$ from 256 to 16,384 tokens; " \
+        "batch 1 and 8; 1 to 16 heads of 16 to 128)" in task
+    assert {m for m, *_ in cases} == set(grader.MACHINES) == {"cpu_core", "fast_arithmetic"}
+    assert sorted({x[1] for x in cases}) == [256, 1024, 4096, 16384]
+    assert sorted({x[2] for x in cases}) == [1, 8]
+    assert (min(x[3] for x in cases), max(x[3] for x in cases)) == (1, 16)
+    assert (min(x[4] for x in cases), max(x[4] for x in cases)) == (16, 128)
+    assert grader.CHUNK_TOLERANCE == 0.20 and "within 20 % of the model's best" in task
+    assert len(grader.CHUNK_CASES_VISIBLE) == 4 and "for four cases, your choice" in task

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fairness_more import SEARCH_PLAN, SHORTEST_PROMPT_FIRST
+from fairness_more import POW2_CHUNK_SEARCH, SEARCH_PLAN, SHORTEST_PROMPT_FIRST
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow          # ~15 s: each test runs lab 02's setup and test cells
@@ -433,3 +433,68 @@ def test_lab08_plan_test_fails_a_poor_design(lab08_plan, design):
     exec(compile(code, "08_plan", "exec"), ns)
     with pytest.raises(AssertionError, match=why):
         exec(compile(src["08_plan_test"], "08_plan_test", "exec"), ns)
+
+
+# ---- lab 09's chunk-length rule (09_chunk_rule_test): graded on the lab's cost model ----------
+# The test cell needs only `lab09` (the grading module) and the rule: no setup, no model. The
+# second design, unlike the solution's balance formula, is fairness_more.POW2_CHUNK_SEARCH: a
+# search over powers of two on an estimate of the student's own (also graded through nbgrader in
+# the fairness batch).
+def lab09_rule_cells():
+    src = cells("09_beyond_attention")
+    return src["09_chunk_rule"], src["09_chunk_rule_test"]
+
+
+def _grade_rule(code: str) -> dict:
+    import math
+
+    from autograder.labs import lab09
+    rule, test = lab09_rule_cells()
+    ns = {"math": math, "lab09": lab09}
+    exec(compile(code or rule, "09_chunk_rule", "exec"), ns)
+    exec(compile(test, "09_chunk_rule_test", "exec"), ns)
+    return ns
+
+
+POOR_CHUNK_RULES = {
+    # the library's constant
+    "always_64": "def choose_chunk(T, batch, n_heads, head_dim, machine):\n    return min(64, T)\n",
+    # the parallel form: one chunk
+    "one_chunk": "def choose_chunk(T, batch, n_heads, head_dim, machine):\n    return T\n",
+    # the balance, but for one head of one sequence: it forgets that the C x C work is per head
+    # and per sequence while the fixed cost is per chunk
+    "forgets_batch_and_heads": '''
+def choose_chunk(T, batch, n_heads, head_dim, machine):
+    m = machine
+    c = math.sqrt(m["per_chunk_us"] / (4 * head_dim / m["flops_per_us"] + m["per_score_us"]))
+    return max(1, min(T, round(c)))
+''',
+}
+
+
+@pytest.mark.parametrize("design", ["solution", "pow2_search"])
+def test_lab09_chunk_rule_test_passes_two_different_designs(design, capsys):
+    ns = _grade_rule(None if design == "solution" else POW2_CHUNK_SEARCH)
+    assert "choose_chunk: visible checks passed" in capsys.readouterr().out
+    from autograder.labs import lab09
+    picks = {ns["choose_chunk"](T, B, N, H, lab09.MACHINES[m]) for m, T, B, N, H in lab09.CHUNK_CASES}
+    assert len(picks) >= 6                                    # a rule, not a constant
+
+
+def test_lab09_the_two_chunk_rules_choose_differently():
+    from autograder.labs import lab09
+    a, b = _grade_rule(None)["choose_chunk"], _grade_rule(POW2_CHUNK_SEARCH)["choose_chunk"]
+    differ = [c for c in lab09.CHUNK_CASES
+              if a(*c[1:], lab09.MACHINES[c[0]]) != b(*c[1:], lab09.MACHINES[c[0]])]
+    assert len(differ) >= 50, len(differ)
+
+
+@pytest.mark.parametrize("design", sorted(POOR_CHUNK_RULES))
+def test_lab09_chunk_rule_test_fails_a_poor_design(design):
+    with pytest.raises(AssertionError, match="cases: the model's time at your chunk is more than"):
+        _grade_rule(POOR_CHUNK_RULES[design])
+
+
+def test_lab09_chunk_rule_test_refuses_a_chunk_outside_1_to_T():
+    with pytest.raises(AssertionError, match="an int in 1..T"):
+        _grade_rule("def choose_chunk(T, batch, n_heads, head_dim, machine):\n    return 2 * T\n")
