@@ -189,3 +189,85 @@ def test_the_slides_quote_results_and_the_grading():
     assert f"at least {lab06.THRESHOLD:g}× faster than the padded batch" in slides
     assert "| whole prompts | 35.1 | 138.8 | 17.3 | 22.8 | 14.9 | 117.1 |" in RESULTS
     assert "| chunks of 64 tokens | 37.1 | 219.6 | 17.3 | 21.3 | 15.2 | 38.7 |" in RESULTS
+
+
+def test_the_run_times_the_text_states():
+    """The notebook's run time is test_pipeline's bound; an explorer move lasts at least until
+    its last seeded arrival; `minillm bench serve` took what RESULTS.md records."""
+    import inspect
+
+    from minillm.bench import load_gen
+    from minillm.explorers.serving import ServeExplorer
+    assert "MAX_SECONDS = 180 " in (REPO / "tests" / "test_pipeline.py").read_text()
+    intro = _flat(_by_id("06_intro"))
+    assert "runs in under three minutes on two CPU cores (`tests/test_pipeline.py` requires it)" in intro
+    n = inspect.signature(ServeExplorer).parameters["num_requests"].default
+    assert f"sends {n} real requests and lasts until they are answered" in intro
+    last = {}
+    for rate in (2, 24):
+        w = load_gen.Workload(rate=rate, num_requests=n, prompt_len=16, max_tokens=24, seed=0)
+        last[rate] = load_gen.schedule(w, list(range(1000)))[-1][0]
+    assert f"the last of its {n} requests has arrived and been answered (the requests are real; " \
+           f"their arrivals are seeded: the last comes {last[2]:.1f} s after the start at a rate of " \
+           f"2, {last[24]:.1f} s at 24)" in _flat(_by_id("06_md_serve_explorer")), last
+    serve = RESULTS[RESULTS.index("## Serving over HTTP: rate sweep and chunked prefill"):]
+    serve = _flat(serve[:serve.index("\n## ")])
+    assert "minillm bench serve --json --threads 1" in serve and "(66 s wall)" in serve
+    assert "(66 s wall with `--threads 1` in the run `benchmarks/RESULTS.md` records; it starts its " \
+           "own servers)" in _flat(_by_id("06_md_chunked"))
+
+
+def test_the_arithmetic_of_the_text_and_answers():
+    """Sentences that compute: the log-normal's p99, the KS bound, the expected maximum of B
+    normals, the KV bytes per token, the H100 ridge, the reservation's use, Q6's example
+    capacities, and the policy task's simulated step cost and grading terms."""
+    import math
+
+    from autograder.labs import lab06
+    from minillm import roofline
+    from minillm.serving import policy
+    assert "$z_{99} = 2.326$ and $\\sigma = 1$, the 99th percentile is $10\\times$ the median" in \
+        _flat(_by_id("06_md_workload")) and round(math.exp(2.326)) == 10
+    # the Kolmogorov distribution's 99 % quantile, 1.628, over sqrt(n)
+    assert "with 20 000 samples a correct sampler stays below 0.012 in 99% of runs" in \
+        _flat(_by_id("06_md_workload_test")) and 1.628 / math.sqrt(20_000) < 0.012
+    z = np.linspace(-8, 8, 200_001)
+    phi, cdf = np.exp(-z ** 2 / 2) / math.sqrt(2 * math.pi), 0.5 * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+    e_max = {B: float(np.trapezoid(z * B * cdf ** (B - 1) * phi, z)) for B in (8, 32)}
+    assert abs(e_max[8] - 1.5) < 0.1 and abs(e_max[32] - 2) < 0.1, e_max
+    assert "($\\approx 1.5$ for $B=8$, $\\approx 2$ for $B=32$)" in _flat(_by_id("06_md_static_napkin"))
+    cfg = __import__("minillm").load("target").config
+    kv = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
+    assert f"2 x {cfg.n_layers} layers x {cfg.n_kv_heads * cfg.head_dim} x 4 bytes = " \
+           f"{kv / 1024:.0f} KB of K/V per cached token" in _flat(_by_id("06_q2"))
+    h100 = roofline.get_hardware("h100")
+    q3 = _flat(_by_id("06_q3"))
+    ridge = h100.flops_per_s / h100.mem_bandwidth_bytes_per_s
+    assert f"ridge of {h100.flops_per_s / 1e12:.0f} / {h100.mem_bandwidth_bytes_per_s / 1e12:.2f} = " \
+           f"about {ridge:.0f} FLOPs per byte" in q3
+    assert "12 tokens, about 12 FLOPs per byte in bf16" in q3     # 2 B params FLOPs / 2 params bytes
+    q5 = _flat(_by_id("06_q5"))
+    assert f"about 20 positions: about {100 * 20 / 512:.0f} % of its reservation" in q5
+    assert f"(64 + 64 = 128) uses {100 * 128 / 512:.0f} %" in q5
+    assert "at about 25x fewer requests than the tokens need" in q5 and 25 <= 512 / 20 < 26
+    q6 = _flat(_by_id("06_q6"))
+    t = {1: 0.019, 2: 0.025, 4: 0.029, 8: 0.033}
+    assert "t(b) = 19, 25, 29, 33 ms at b = 1, 2, 4, 8" in q6
+    assert f"8 / 33 ms = about {round(8 / t[8], -1):.0f} tok/s, {round(8 / t[8], -1) / 24:.0f} " \
+           f"requests of 24 tokens a second" in q6
+    assert f"(16 req/s offer {16 * 24} tok/s)" in q6 and 8 * 24 < 8 / t[8] < 16 * 24
+    assert f"At 24 req/s ({24 * 24} tok/s offered)" in q6
+    caps = (240, 138, 80, 53)                  # m / t(m), the first rounded as "about 240" above
+    assert all(abs(c - m / t[m]) < 3 for c, m in zip(caps, (8, 4, 2, 1)))
+    assert f"the capacity m / t(m) ({', '.join(map(str, caps))} tok/s with the example's t(m))" in q6
+    policy_md = _flat(_by_id("06_md_policy"))
+    a, b = policy.STEP_COST
+    assert f"$a = {a * 1e3:g}$ ms and $b = {b * 1e3:g}$ ms" in policy_md
+    w = lab06.POLICY_WORKLOAD
+    assert f"{w['num_requests']} requests at {w['rate']:g} per second, prompts log-normal (median " \
+           f"{w['prompt_median']}, $\\sigma$ = {w['prompt_sigma']}, up to {w['prompt_max']} tokens), " \
+           f"answers median {w['output_median']}, up to {w['output_max']}, " \
+           f"{lab06.POLICY_MAX_SEQS} seats" in policy_md
+    assert f"to at most {1 - lab06.POLICY_MARGIN:.2f} of FCFS's" in policy_md
+    assert f"keep at least {lab06.POLICY_MIN_THROUGHPUT:g} of FCFS's **throughput**" in policy_md
+    assert f"within {lab06.POLICY_MAX_E2E:g}x FCFS's slowest" in policy_md
