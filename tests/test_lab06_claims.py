@@ -217,13 +217,13 @@ def test_the_run_times_the_text_states():
            "own servers)" in _flat(_by_id("06_md_chunked"))
 
 
-def test_the_arithmetic_of_the_text_and_answers():
+def test_the_arithmetic_of_the_text_and_answers(lab06):
     """Sentences that compute: the log-normal's p99, the KS bound, the expected maximum of B
     normals, the KV bytes per token, the H100 ridge, the reservation's use, Q6's example
     capacities, and the policy task's simulated step cost and grading terms."""
     import math
 
-    from autograder.labs import lab06
+    from autograder.labs import lab06 as grading
     from minillm import roofline
     from minillm.serving import policy
     assert "$z_{99} = 2.326$ and $\\sigma = 1$, the 99th percentile is $10\\times$ the median" in \
@@ -236,7 +236,7 @@ def test_the_arithmetic_of_the_text_and_answers():
     e_max = {B: float(np.trapezoid(z * B * cdf ** (B - 1) * phi, z)) for B in (8, 32)}
     assert abs(e_max[8] - 1.5) < 0.1 and abs(e_max[32] - 2) < 0.1, e_max
     assert "($\\approx 1.5$ for $B=8$, $\\approx 2$ for $B=32$)" in _flat(_by_id("06_md_static_napkin"))
-    cfg = __import__("minillm").load("target").config
+    cfg = lab06[0]["cfg"]
     kv = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
     assert f"2 x {cfg.n_layers} layers x {cfg.n_kv_heads * cfg.head_dim} x 4 bytes = " \
            f"{kv / 1024:.0f} KB of K/V per cached token" in _flat(_by_id("06_q2"))
@@ -263,11 +263,34 @@ def test_the_arithmetic_of_the_text_and_answers():
     policy_md = _flat(_by_id("06_md_policy"))
     a, b = policy.STEP_COST
     assert f"$a = {a * 1e3:g}$ ms and $b = {b * 1e3:g}$ ms" in policy_md
-    w = lab06.POLICY_WORKLOAD
+    w = grading.POLICY_WORKLOAD
     assert f"{w['num_requests']} requests at {w['rate']:g} per second, prompts log-normal (median " \
            f"{w['prompt_median']}, $\\sigma$ = {w['prompt_sigma']}, up to {w['prompt_max']} tokens), " \
            f"answers median {w['output_median']}, up to {w['output_max']}, " \
-           f"{lab06.POLICY_MAX_SEQS} seats" in policy_md
-    assert f"to at most {1 - lab06.POLICY_MARGIN:.2f} of FCFS's" in policy_md
-    assert f"keep at least {lab06.POLICY_MIN_THROUGHPUT:g} of FCFS's **throughput**" in policy_md
-    assert f"within {lab06.POLICY_MAX_E2E:g}x FCFS's slowest" in policy_md
+           f"{grading.POLICY_MAX_SEQS} seats" in policy_md
+    assert f"to at most {1 - grading.POLICY_MARGIN:.2f} of FCFS's" in policy_md
+    assert f"keep at least {grading.POLICY_MIN_THROUGHPUT:g} of FCFS's **throughput**" in policy_md
+    assert f"within {grading.POLICY_MAX_E2E:g}x FCFS's slowest" in policy_md
+
+
+def test_the_slides_napkin_for_the_bench_trace(lab06):
+    """The slides' napkin for `minillm bench batching`: its trace's counts (exact, no model run)
+    give 337 static steps against 131, 2.6x, and 4.9x in slots per useful token; the served
+    figures are RESULTS.md's."""
+    from minillm.bench.batching import TRACE
+    from minillm.serving import simulate
+    from minillm.serving.trace import make_trace
+    cfg = lab06[0]["cfg"]
+    trace = make_trace(128, 200.0, 0, vocab_size=cfg.vocab_size, max_seq_len=cfg.max_seq_len, **TRACE)
+    P = [len(r.prompt_ids) for r in trace]
+    O = [r.params().max_new_tokens for r in trace]
+    steps_s, steps_c = len(simulate.simulate_static(O, 32)), len(simulate.simulate_continuous(O, 32))
+    slots = sum(simulate.static_slots(P[a:a + 32], O[a:a + 32])[0] for a in range(0, 128, 32))
+    useful = sum(P) + sum(o - 1 for o in O)
+    slides = _flat(SLIDES)
+    assert f"the napkin's {steps_s / steps_c:.1f}× (equal-cost steps) to {slots / useful:.1f}× " \
+           f"(cost ∝ tokens)" in slides, (steps_s, steps_c, slots, useful)
+    assert f"The real static server ran 418 steps, not the napkin's {steps_s}" in slides
+    assert steps_c == 131 and useful == 4037        # RESULTS.md: 131 steps, 4 037 useful tokens
+    assert "2.6× if every step costs the same, 4.9× if cost is proportional to tokens" in \
+        _flat(RESULTS)

@@ -261,3 +261,14 @@ def test_the_short_run_prints_what_q1_quotes_and_fits_its_time(lab08):
     assert f"for {steps} steps on the **same batches** (4 windows of 128 tokens)" in run
     assert f"measured every {every} steps. This takes under half a minute on a core of its own." in run
     assert cpu < SHORT_RUN_CPU_S, cpu
+
+
+def test_part_2_and_5_compare_c_with_the_recorded_ratios():
+    """"lab 05 found the draft's c far above its parameter ratio": c = 0.24-0.27 (RESULTS.md)
+    against the model card's 0.109x; `draft-distilled` has fewer layers than `draft`'s four."""
+    assert "`draft` has 0.109× the target's parameters." in CARD
+    assert "lab 05 found the draft's\n$c$ far above its parameter ratio" in _by_id("08_md_latency") \
+        and 0.24 > 2 * 0.109
+    assert "| layers × dim (heads / KV heads) | 6 × 384 (6 / 6) | 4 × 128 (4 / 4) | 2 × 192 (3 / 3) |" \
+        in CARD
+    assert "`draft-distilled` has fewer layers than `draft`'s four" in _flat(_by_id("08_md_spec"))
