@@ -211,3 +211,59 @@ def test_the_kernel_checks_take_under_five_seconds_on_a_busy_machine(tmp_path):
             t0 = time.perf_counter()
             check(kernel, speed=None)
             assert time.perf_counter() - t0 < 5.0, check
+
+
+def test_the_texts_arithmetic_and_citations():
+    """The sentences that compute or cite and that no cell prints: a reservation's waste, the
+    vLLM paper's fill, the speed check's bound and measured ranges, the tile walk's masks, and
+    the block, byte and program counts of Q2, Q3 and Q5."""
+    import math
+
+    from autograder.labs import lab07, lab07_triton
+    frag = _flat(_cell("07_md_frag"))
+    assert "a request that may write 256 tokens and stops after 20 wastes 236" in frag and \
+        256 - 20 == 236
+    paper = "20.4–38.2 %"                   # Kwon et al. 2023, section 1: "only 20.4% - 38.2%"
+    assert f"only {paper} of the KV memory of the serving systems of the time held actual tokens " \
+           "(Kwon et al., SOSP 2023, arXiv:2309.06180, section 1 and Fig. 2)" in frag
+    assert f"only {paper} of KV memory held tokens" in _flat(SLIDES)
+    sim = _cell("07_sim")
+    assert "STEP_S = 0.02 " in sim and "one step = 20 ms" in _flat(_cell("07_md_sim"))
+    assert "BLOCK = 16 " in sim
+    # the speed check: its bound, and the ranges autograder/README.md records
+    speed = _flat(_cell("07_md_speed"))
+    assert lab07.THRESHOLD == 0.25 and "up to $1/0.25 = 4\\times$ as long" in speed
+    readme = (REPO / "autograder" / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `07_speed_test` |"))
+    assert "| 0.25 | 0.73-1.41 | 0.05-0.06 | 0.73-0.87 |" in row, row
+    assert "the notebook's solution measured 0.73–0.87: `autograder/README.md`, \"Speed checks: " \
+           "measured ranges\"" in speed and "fails it (0.05–0.06 there)" in speed
+    # the tile walk's printed explanation: 21 tokens in blocks of 4, tiles of 16, 7 table columns
+    walk = _cell("07_tile_walk")
+    table = [7, 2, 5, 11, 0, 9, -1]
+    assert f"walk_table = torch.tensor({table}, dtype=torch.int32)" in walk
+    last = (21 - 1) // 4
+    assert table[last] == 9 and (last + 1) * 4 - 1 == 23 and table[6] == -1 and len(table) == 7
+    assert "positions 21..31 are past the length. 21..23 are the empty tail of the last block (9)" in walk
+    assert "24..27 would read column 6 (-1), 28..31 column 7, past the table's 7 columns" in walk
+    assert 24 // 4 == 27 // 4 == 6 and 28 // 4 == 31 // 4 == 7 and 2 * 16 - 1 == 31
+    q2 = _flat(_cell("07_q2"))
+    assert "at most B - 1 = 15 slots per sequence with vLLM's 16 (about 7.5 on average" in q2 and \
+        (16 - 1) / 2 == 7.5
+    assert f"needs 4096 entries instead of {4096 // 16}" in q2 and "grow 16 times" in q2
+    assert f"a single row of H = 128 bf16 values, {128 * 2} bytes" in q2
+    q3 = _flat(_cell("07_q3"))
+    assert "(31 full blocks + 4 tokens)" in q3 and divmod(500, 16) == (31, 4)
+    assert f"ceil(700 / 16) = {math.ceil(700 / 16)} blocks: 8 x 44 = {8 * 44} without sharing" in q3
+    assert f"(n - 1) x 31 = {7 * 31} full prompt blocks" in q3
+    q5 = _flat(_cell("07_q5"))
+    assert "256 programs for the batch, about two per SM on an H100's 132 SMs" in q5 and \
+        round(256 / 132) == 2
+    # what the text says the hidden tests and the GPU timing use
+    kernel = _flat(_cell("07_md_decode_kernel"))
+    assert "the hidden tests use scores of 110 to 220" in kernel
+    assert "scores of 110 to 220" in (REPO / "autograder" / "labs" / "lab07_triton.py").read_text()
+    import torch
+    assert lab07_triton.SPEED["decode"] == ([4096] * 16, 32, 8, 128, 16, torch.bfloat16)
+    assert "time your kernel on 16 sequences of 4096 tokens (32 query and 8 KV heads of 128, bf16)" \
+        in kernel

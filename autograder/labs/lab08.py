@@ -151,7 +151,7 @@ def distill_steps(distill_step, student, teacher, x, lr: float, temperature: flo
 # The pruning-plan task: a plan passes if the pruned target (no repair) fits the parameter
 # budget and its held-out loss is at most PLAN_MARGIN nats above the course's plan's
 PLAN_MARGIN = 0.1
-PLAN_TOKENS = 4096            # held-out tokens per evaluation (windows of 256)
+PLAN_TOKENS = 2048            # held-out tokens per evaluation (8 windows of 256)
 
 
 @probe
