@@ -284,3 +284,9 @@ def test_the_run_time_sentence():
     assert re.search(r"^MAX_SECONDS = 180 ", pipeline, re.M)
     assert "it runs in under three minutes on two CPU cores (the course's tests check that bound)" in \
         _flat(_by_id("01_intro"))
+
+
+def test_the_serving_task_states_its_threshold():
+    from autograder.labs import lab01 as grading
+    share = f"{grading.SERVING_WITHIN:.0%}".replace("%", " %")
+    assert f"reaches at least {share} of the best throughput" in _flat(_by_id("01_md_serving"))
