@@ -94,6 +94,17 @@ def sample_next(logits, temperature=1.0, top_k=0, top_p=1.0, generator=None):
     return Sampler(temperature, top_k, top_p)(logits, generator)
 '''
 
+# a sampling recipe unlike the solution's (temperature then top-p): the student's own min-p rule,
+# written in log space, which keeps the tokens within a factor of the top token's probability
+MIN_P_RECIPE = '''
+MIN_P = 0.1
+
+def my_recipe(logits, ids):
+    logp = torch.log_softmax(logits, dim=-1)
+    best = logp.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(logp < best + math.log(MIN_P), float("-inf"))
+'''
+
 PLOTS_AND_PRINTS = [
     ("00_top_p_filter", "markdown", "### My notes\nTrying the filters on a few rows, with plots."),
     ("00_top_p_filter", "code", '''
@@ -157,8 +168,9 @@ SUBMISSIONS = [
     Honest(LAB, "thread_pool", "top_p_filter maps the rows over a ThreadPoolExecutor",
            {"00_top_p_filter": THREAD_POOL}),
     Honest(LAB, "numpy_filter", "top_k_filter computed in NumPy", {"00_top_k_filter": NUMPY_FILTER}),
-    Honest(LAB, "sampler_class", "next_token_probs / sample_next through a Sampler class",
-           {"00_sample_next": SAMPLER_CLASS}),
+    Honest(LAB, "sampler_class", "next_token_probs / sample_next through a Sampler class, and a "
+           "sampling recipe of the student's own (min-p) unlike the solution's",
+           {"00_sample_next": SAMPLER_CLASS, "00_recipe": MIN_P_RECIPE}),
     Honest(LAB, "plots_and_prints", "extra markdown and code cells: plots and 2,000 printed lines",
            extra=PLOTS_AND_PRINTS),
     Honest(LAB, "lru_and_seed", "functools.lru_cache and the student's own torch.manual_seed",

@@ -113,3 +113,92 @@ def test_the_speed_test_states_its_threshold():
     from autograder.labs import lab00
     assert f"at least {'twice' if lab00.THRESHOLD == 2 else lab00.THRESHOLD} as long" in _flat(
         _by_id("00_md_speed"))
+
+
+def test_what_the_forward_cell_and_q4_say_about_the_distributions(lab00):
+    """00_md_forward: after the prompt a line break takes almost everything, the runners-up are
+    whitespace and an apostrophe; Q4's flat case: the first word of the next line."""
+    ns = lab00
+    if "probs" not in ns:
+        _run(ns, _starting("prompt = \"ROMEO:"), "tokens")
+        _run(ns, _starting("with torch.no_grad():\n    logits = model("), "forward")
+    tok, model, probs = ns["tok"], ns["model"], ns["probs"]
+    top = [tok.decode([i]) for i in torch.topk(probs, 5).indices.tolist()]
+    assert top[0] == "\n" and float(probs.max()) > 0.9
+    assert all(not s.strip() or s == "'" for s in top[1:]), top
+    assert ("after the question mark, a line break takes almost all the probability, and the "
+            "runners-up are other whitespace and an apostrophe") in _flat(_by_id("00_md_forward"))
+    with torch.no_grad():
+        z = model(torch.tensor([tok.encode(ns["prompt"] + "\n")]))[0, -1]
+    p = torch.softmax(z, -1)
+    ranked = torch.topk(p, 5)
+    words = [tok.decode([i]) for i in ranked.indices.tolist()]
+    assert words[0] == "\n" and f"{float(ranked.values[0]):.2f}" == "0.40"
+    assert words[1:] == ["O", "What", "I", "And"] and all(0.02 <= v < 0.035 for v in ranked.values[1:].tolist())
+    nucleus = int(torch.isfinite(ns["top_p_filter"](z, 0.9)).sum())
+    q4 = _flat(_by_id("00_q4"))
+    assert ("a blank line gets 0.40 and then no word is a favourite (`O`, `What`, `I`, `And` about "
+            "2–3 % each), with " f"{int((p >= 0.001).sum())} tokens at 0.1 % or more") in q4
+    assert f"while on the flat one it keeps {nucleus} tokens" in q4
+
+
+def test_q1_s_arithmetic_and_the_operation_count(lab00):
+    """Q1: the weight read at lab 01's bandwidth range, the slope as FLOP/s, and the ~300
+    operations a 1-token forward pass dispatches from Python (counted: torch function calls)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    model = lab00["model"]
+    with torch.no_grad(), Count():
+        model(torch.tensor([[5]]), last_only=True)
+    assert 250 <= Count.n <= 350, Count.n                  # 313 with torch 2.13 (2026-11-29)
+    q1 = _flat(_by_id("00_q1"))
+    assert "dispatching the model's ~300 small operations" in q1
+    weight_bytes = 4 * model.num_params()
+    assert f"is only {weight_bytes / 30e9 * 1e3:.1f}–{weight_bytes / 15e9 * 1e3:.1f} ms of the 6" in q1
+    assert "at about ½ FLOP per byte" in q1                 # fp32: 2 FLOPs per 4-byte weight
+    assert f"at ~0.19 ms per token is ~{round(2 * model.num_params() / 0.19e-3 / 1e9, -1):.0f} GFLOP/s" in q1
+
+
+def test_the_recipe_task_states_its_rule_and_its_citation():
+    from autograder.labs import lab00 as grading
+    text = _flat(_by_id("00_md_recipe"))
+    assert f"The grader cuts {grading.RECIPE_TEXTS} prompts of {grading.RECIPE_PROMPT} tokens" in text
+    assert f"generates {grading.RECIPE_NEW} new tokens after each" in text
+    assert f"at most **{grading.RECIPE_MAX_NLL:.1f} nats per token**" in text
+    assert f"at least **{grading.RECIPE_MIN_DISTINCT:g}**" in text
+    assert f"over all such pairs ({grading.RECIPE_NEW - 1} of them)" in text
+    card = (REPO / "minillm" / "assets" / "MODEL_CARD.md").read_text()
+    loss = re.search(r"\| held-out loss \(nats/token\) \| ([\d.]+) \|", card).group(1)
+    assert f"real held-out Shakespeare is {loss}, minillm/assets/MODEL_CARD.md" in text
+
+
+def test_the_run_time_sentence():
+    """The intro's run-time bound is the one the pipeline test enforces on every lab."""
+    assert re.search(r"^MAX_SECONDS = 180 ", (REPO / "tests" / "test_pipeline.py").read_text(), re.M)
+    assert "it runs in under three minutes on two CPU cores (the course's tests check that bound)" in \
+        _flat(_by_id("00_intro"))
+
+
+def test_the_cited_speed_and_total_figures():
+    """00_md_speed cites the course loop's ratio, 00_md_total its 'within 5 %' (the 3 + 1 runs'
+    total / predicted in the busy-machine table)."""
+    results = _flat(RESULTS.read_text())
+    assert "measured reference / counter-example / notebook solution: lab 00 7.74-7.92 / 0.99-1.00" in results
+    speed = _flat(_by_id("00_md_speed"))
+    assert ("the course's loop measured 7.74–7.92 with a busy loop beside it: benchmarks/RESULTS.md, "
+            '"Speed-check ranges under the earlier grading designs"') in speed
+    assert "| lab 00: the 128-token naive total / predicted | 3 + 1 | 0.99-1.03 (3.18-3.29 s) |" in results
+    assert "within 5 % on the course's 2-core machine with a busy loop on the other core" in _flat(_by_id("00_md_total"))
+
+
+def test_q3_quotes_the_line_s_checked_range():
+    measurements = (REPO / "tests" / "test_lab_measurements.py").read_text()
+    off = float(re.search(r"^TTFT_OFF_THE_LINE = ([\d.]+)", measurements, re.M).group(1))
+    assert f"the fitted line runs within {off:.0%} of every point".replace("%", " %") in _flat(_by_id("00_q3"))

@@ -10,6 +10,7 @@ beside a busy loop, with lab 00's Q1 bandwidth range (it quotes lab 01's sweep a
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -162,8 +163,11 @@ def test_the_sweep_keeps_the_ranges_the_text_states(lab01):
             _run(lab01, fit, "fit")
             ratio = {b: y / p for b, y, p in zip(lab01["BATCHES"], lab01["achieved"],
                                                  lab01["predicted"])}
+            by_b = dict(zip(lab01["BATCHES"], zip(lab01["achieved"], lab01["intensity"])))
             runs.append({"peak": lab01["peak"] / 1e9, "bandwidth": lab01["bandwidth"] / 1e9,
-                         "ridge": lab01["ridge"], "ratio": ratio})
+                         "ridge": lab01["ridge"], "ratio": ratio,
+                         "peak_at": max(by_b, key=lambda b: by_b[b][0]),
+                         "bandwidth_at": max(by_b, key=lambda b: by_b[b][0] / by_b[b][1])})
     for i, r in enumerate(runs):
         print(f"\nlab 01 sweep run {i}: peak {r['peak']:.1f} GFLOP/s, bandwidth "
               f"{r['bandwidth']:.1f} GB/s, ridge {r['ridge']:.2f}, measured / predicted "
@@ -175,6 +179,8 @@ def test_the_sweep_keeps_the_ranges_the_text_states(lab01):
         assert max(r["ratio"][b] for b in (2, 4, 8)) <= SMALL_B_BELOW, where
         assert B8_ABOUT_HALF[0] <= r["ratio"][8] <= B8_ABOUT_HALF[1], where
         assert min(r["ratio"][b] for b in (256, 512, 1024)) >= LARGE_B_NEAR, where
+        # Q2 / Q3: B = 1 sets the bandwidth, one of B = 256-1024 the peak
+        assert r["bandwidth_at"] == 1 and r["peak_at"] in (256, 512, 1024), where
     q2, q3 = _flat(_by_id("01_q2")), _flat(_by_id("01_q3"))
     assert f"about {RIDGE[0]:g}–{RIDGE[1]:g} FLOPs/byte" in q2
     assert f"{PEAK_GFLOPS[0]:g}–{PEAK_GFLOPS[1]:g} GFLOP/s" in q2
@@ -183,6 +189,8 @@ def test_the_sweep_keeps_the_ranges_the_text_states(lab01):
     assert (f"$B = 2$–$8$ reached at most {SMALL_B_BELOW:g} of the prediction, $B = 8$ about half"
             in _flat(_by_id("01_md_roofline_read")))
     assert f"at least {LARGE_B_NEAR:g} of it" in q3
+    assert "the peak came only at $B = 256$–1024" in q2
+    assert "$B = 1$ and the point with the highest FLOP/s (one of $B = 256$–1024) sit on the roofline" in q3
     assert (f"{BANDWIDTH_GBS[0]:g}–{BANDWIDTH_GBS[1]:g} GB/s that lab 01's sweep measures"
             in _flat(LabNotebook("00_sampling").by_id("00_q1")))
 
@@ -198,3 +206,87 @@ def test_q1_and_the_batching_citation(lab01):
     text = _flat(_by_id("01_md_batching"))
     assert "1.95–3.18× on the course's 2-core AMD EPYC" in text and "8.75–9.39× on an older core" in text
     assert '"Speed-check ranges under the earlier grading designs"' in text
+
+
+def test_the_arithmetic_sentences(lab01):
+    """Sentences that do arithmetic on the lab's figures (no cell prints them): checked here."""
+    napkin, tp = lab01["napkin"], lab01["tensor_parallel"]
+    m, h100 = lab01["LLAMA_2_13B"], lab01["H100"]
+    gqa = m | dict(K=8)
+    r1 = napkin(1, 1000, m, h100)
+    weights_gb, kv_gb = round(r1["param_bytes"] / 1e9), round(r1["kv_bytes_per_seq"] / 1e9, 2)
+    shrink = m["K"] / gqa["K"]
+    # 01_md_accelerator: at B = 1 (intensity ~1) an H100's compute units idle > 99 % of the time
+    assert "sit idle more than 99 % of the time" in _flat(_by_id("01_md_accelerator"))
+    assert 1 - 1 / lab01["h100_intensity"] > 0.99
+    gqa_text, q4 = _flat(_by_id("01_md_gqa")), _flat(_by_id("01_q4"))
+    assert f"the whole {weights_gb} GB of weights" in gqa_text and weights_gb == 26
+    assert f"every sequence adds {kv_gb} GB of KV cache" in gqa_text and kv_gb == 0.82
+    assert f"a {shrink:.0f}× smaller cache" in gqa_text and shrink == 5
+    assert f"{weights_gb} GB weight read" in q4 and f"({kv_gb} GB at" in q4
+    assert f"shrinks the cache {shrink:.0f}×" in q4 and f"the limit rises {shrink:.0f}×" in q4
+    # the timed matmul: W is 2048 x 2048 fp32; at B = 1 its intensity is about 1/2
+    flops, nbytes = lab01["matmul_counts"](1, 2048, 2048, 4)
+    mb = 2048 * 2048 * 4 / 1e6
+    for gid in ("01_md_measure", "01_md_batching", "01_q2", "01_q3"):
+        assert f"{mb:.1f} MB" in _flat(_by_id(gid)) and "16 MB" not in _flat(_by_id(gid)), gid
+    assert "intensity about ½ (fp32: 2 FLOPs per 4-byte weight)" in _flat(_by_id("01_md_roofline_read"))
+    assert round(flops / nbytes, 2) == 0.5
+    # Q2: the H100 against one core, at the middle of the ranges the sweep test checks
+    q2 = _flat(_by_id("01_q2"))
+    assert "$989/3.35 \\approx 295.2$: $B = 296$" in q2 and f"{989 / 3.35:.1f}" == "295.2"
+    assert "roughly 10,000× the FLOP/s" in q2 and "~100 GFLOP/s" in q2
+    assert round(989e12 / 100e9, -3) == 10_000
+    assert "only about 150× its bandwidth (3.35 TB/s against ~22 GB/s)" in q2
+    assert round(3.35e12 / 22e9, -1) == 150
+    assert "$B \\approx 6$–14" in q2 and "about 3–7 FLOPs/byte" in q2     # fp32: B ~ 2 x ridge
+    # the split at batch 1: 8 ways (40 heads divide evenly, 16 would not) and its all-reduces
+    r8 = tp(1, 1000, m, h100, 8, 450e9, allreduce_latency_s=5e-6)
+    assert m["N"] % 8 == 0 and m["N"] % 16
+    assert (f"splitting 8 ways (the 40 heads must divide evenly) gives {r8['latency_s'] * 1e3:.1f} ms, "
+            f"still {r8['comm_s'] * 1e3:.1f} ms of it all-reduces") in _flat(_by_id("01_md_tensor_parallel_read"))
+    # the explorer cell's "(the lecture's table: 23.42 ms)"
+    assert f"(the lecture's table: {napkin(64, 1000, m, h100)['latency_s'] * 1e3:.2f} ms)" in \
+        _starting("from minillm.explorers import napkin_explorer")
+    # the deck: ~1/295, B >~ 295, 26 GB of weights, 0.8 GB per sequence, 5x smaller with K = 8
+    slides = _flat(SLIDES.read_text())
+    assert f"~1/{lab01['h100_intensity']:.0f} of the chip's compute" in slides
+    assert f"just reading {weights_gb} GB of weights" in slides
+    assert f"**{r1['kv_bytes_per_seq'] / 1e9:.1f} GB** per 1000-token" in slides
+    assert f"shrink it {shrink:.0f}×" in slides
+
+
+def test_the_napkin_questions_arithmetic():
+    """Q6 (mixture of experts), Q7 (early exit), Q8 (effective sparsity): exact arithmetic."""
+    q6, q7, q8 = (_flat(_by_id(g)) for g in ("01_q6", "01_q7", "01_q8"))
+    experts, shared = 0.9 * 47, 0.1 * 47
+    per_expert, active = experts / 8, shared + 2 * experts / 8
+    assert (f"$0.9 \\times 47 = {experts:.1f}$ B parameters, ${experts:.1f}/8 = {per_expert:.2f}$ B "
+            f"per expert") in q6 and f"shared: {shared:.1f} B" in q6
+    assert f"$4.7 + 2 \\times 5.29 = {active:.1f}$ B parameters, **{2 * active:.1f} GB**" in q6
+    assert f"a dense 13 B reads {2 * 13} GB, a dense 47 B {2 * 47} GB" in q6
+    assert "$(6/8)^{64} \\approx 10^{-8}$" in q6 and round(math.log10(0.75 ** 64)) == -8
+    assert f"**{2 * 47} GB** per step" in q6
+    expected = 0.6 * 0.5 + 0.4 * 1
+    assert f"$0.6 \\times 0.5 + 0.4 \\times 1 = {expected:g}$" in q7 and "about 1.4×" in q7
+    assert round(1 / expected, 1) == 1.4
+    assert "$0.6^{32} \\approx 8 \\times 10^{-8}$" in q7 and round(0.6 ** 32 * 1e8) == 8
+    loaded = {b: 1 - 0.97 ** b for b in (1, 16, 128)}
+    assert f"**{loaded[1]:.0%}** at $B = 1$".replace("%", " %") in q8
+    assert f"$1 - 0.97^{{16}} = 1 - {0.97 ** 16:.2f} =$ **{loaded[16]:.0%}**".replace("%", " %") in q8
+    assert f"$1 - 0.97^{{128}} = 1 - {0.97 ** 128:.2f} =$ **{loaded[128]:.0%}**".replace("%", " %") in q8
+    assert f"about {1 / 0.03:.0f}-fold ($1/0.03$)" in q8
+
+
+def test_the_run_time_sentence():
+    """The intro's run-time bound is the one the pipeline test enforces on every lab."""
+    pipeline = (REPO / "tests" / "test_pipeline.py").read_text()
+    assert re.search(r"^MAX_SECONDS = 180 ", pipeline, re.M)
+    assert "it runs in under three minutes on two CPU cores (the course's tests check that bound)" in \
+        _flat(_by_id("01_intro"))
+
+
+def test_the_serving_task_states_its_threshold():
+    from autograder.labs import lab01 as grading
+    share = f"{grading.SERVING_WITHIN:.0%}".replace("%", " %")
+    assert f"reaches at least {share} of the best throughput" in _flat(_by_id("01_md_serving"))

@@ -160,6 +160,54 @@ def lab03():
 # loses them (the whole test cell, visible and hidden parts, as graded)
 
 @pytest.fixture(scope="module")
+def lab00_recipe():
+    """Lab 00's setup and filters (the recipes are built from them), in a fresh namespace."""
+    threads = torch.get_num_threads()
+    src = cells("00_sampling")
+    ns: dict = {}
+    for gid in ("00_setup", "00_apply_temperature", "00_top_k_filter", "00_top_p_filter"):
+        exec(compile(src[gid], gid, "exec"), ns)
+    yield src, ns
+    torch.set_num_threads(threads)
+
+
+# the solution cools to 0.8 and cuts with top-p 0.9; a second design keeps the 40 best tokens at
+# temperature 0.8 (top-k and temperature, no nucleus). The student's own min-p rule
+# (fairness_lab00.MIN_P_RECIPE) is graded through nbgrader in the fairness batch. Over 20 sets of
+# 16 prompts (seeds 100-119): solution NLL 2.25-2.69, distinct-2 0.896-0.945; top-k 40 at 0.8
+# 2.32-2.73, 0.896-0.944; min-p 0.1 1.98-2.38, 0.876-0.928 (thresholds: NLL <= 3.0, distinct-2 >= 0.85)
+TOP_K_COOL = """
+def my_recipe(logits, ids):
+    return top_k_filter(apply_temperature(logits, 0.8), 40)
+"""
+# greedy loops (distinct-2 0.58-0.77 over the 20 sets); temperature 2 (NLL 8.5-9.1; plain sampling:
+# 3.56-4.01) writes what the target finds unlikely
+POOR_RECIPES = {
+    "greedy": ("def my_recipe(logits, ids):\n    return top_k_filter(logits, 1)\n", "repeat themselves"),
+    "temperature_2": ("def my_recipe(logits, ids):\n    return apply_temperature(logits, 2.0)\n",
+                      "unlikely"),
+}
+
+
+@pytest.mark.parametrize("design", ["solution", "top_k_cool"])
+def test_lab00_recipe_test_passes_two_different_designs(lab00_recipe, design):
+    src, ns = lab00_recipe
+    code = src["00_recipe"] if design == "solution" else TOP_K_COOL
+    exec(compile(code, "00_recipe", "exec"), ns)
+    exec(compile(src["00_recipe_test"], "00_recipe_test", "exec"), ns)
+
+
+@pytest.mark.parametrize("design", sorted(POOR_RECIPES))
+def test_lab00_recipe_test_fails_a_poor_design(lab00_recipe, design):
+    src, ns = lab00_recipe
+    code, why = POOR_RECIPES[design]
+    exec(compile(code, "00_recipe", "exec"), ns)
+    with pytest.raises(AssertionError, match=why):
+        exec(compile(src["00_recipe_test"], "00_recipe_test", "exec"), ns)
+
+
+
+@pytest.fixture(scope="module")
 def lab06_policy():
     threads = torch.get_num_threads()
     src = cells("06_continuous_batching")

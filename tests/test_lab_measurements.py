@@ -214,11 +214,16 @@ def test_lab05_measurements_hold_with_a_busy_core(lab05_namespace):
 
 
 # --- lab 00 ---------------------------------------------------------------------------------------
-# The ranges lab 00's text states (00_md_measure, 00_md_total, 00_q1, 00_q3).
+# The ranges lab 00's text states (00_md_measure, 00_md_total, 00_q1, 00_q3), and that 00_q3 quotes
+# TTFT_OFF_THE_LINE (tests/test_lab00_claims.py reads it).
 FIXED_IN_TOKENS_00 = (10, 99)      # "a is worth tens of tokens of b"
 TOTAL_VS_PREDICTED = (0.7, 1.3)    # the naive generation's total against sum TTFT(P + t): "30 %"
 TOTAL_VS_FIRST = 2.0               # total / (n x the first step): "more than twice"
 THROUGHPUT_128_VS_16 = 0.7         # tokens/s after 128 over after 16: "under 70 %"
+TTFT_OFF_THE_LINE = 0.3            # every TTFT point within 30 % of the fitted line (00_q3)
+RUNS_00 = 1                        # one run (~10 s beside the busy loop), as lab 01's sweep: the
+# ranges were set over 3 + 1 runs (benchmarks/RESULTS.md); the second run paid for lab 00's
+# sampling-recipe task in `make test`
 
 
 @pytest.fixture(scope="module")
@@ -232,17 +237,19 @@ def test_lab00_measurements_hold_with_a_busy_core(lab00_namespace):
     ttft_cell, trace_cell = pick(cells, "lengths = [1, 16, 32"), pick(cells, "P, n = 8, 128")
     runs = []
     with competing_cpu_load():
-        for _ in range(RUNS):
+        for _ in range(RUNS_00):
             exec(compile(ttft_cell, "00 ttft", "exec"), ns)
             exec(compile(trace_cell, "00 trace", "exec"), ns)
             runs.append({"a_ms": ns["a"] * 1e3, "b_us": ns["b"] * 1e6, "a_in_b": ns["a"] / ns["b"],
                          "total_s": float(ns["cum_s"][-1]), "predicted_s": float(ns["predicted"][-1]),
                          "first_ms": ns["step_s"][0] * 1e3, "last_ms": ns["step_s"][-1] * 1e3,
                          "total_over_first": float(ns["cum_s"][-1] / (len(ns["step_s"]) * ns["step_s"][0])),
-                         "throughput_128_over_16": float((128 / ns["cum_s"][127]) / (16 / ns["cum_s"][15]))})
+                         "throughput_128_over_16": float((128 / ns["cum_s"][127]) / (16 / ns["cum_s"][15])),
+                         "off_the_line": max(abs(t - (ns["a"] + ns["b"] * S)) / t
+                                             for S, t in zip(ns["lengths"], ns["ttft"]))})
     for i, r in enumerate(runs):
         print(f"\nlab 00 run {i}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()))
-        where = f"run {i} of {RUNS}: {r}"
+        where = f"run {i} of {RUNS_00}: {r}"
         assert r["a_ms"] > 0 and r["b_us"] > 0, where
         assert FIXED_IN_TOKENS_00[0] <= r["a_in_b"] <= FIXED_IN_TOKENS_00[1], where
         lo, hi = TOTAL_VS_PREDICTED
@@ -250,6 +257,7 @@ def test_lab00_measurements_hold_with_a_busy_core(lab00_namespace):
         assert r["last_ms"] > 2 * r["first_ms"], where          # the steps grow with the length
         assert r["total_over_first"] > TOTAL_VS_FIRST, where
         assert r["throughput_128_over_16"] < THROUGHPUT_128_VS_16, where
+        assert r["off_the_line"] <= TTFT_OFF_THE_LINE, where
 
 
 # --- lab 09 ---------------------------------------------------------------------------------------
