@@ -127,6 +127,9 @@ def test_the_figures_quoted_from_results_are_there():
     read = _flat(_by_id("08_md_read"))
     assert "brings $c$ down to about 0.11 (`benchmarks/RESULTS.md`" in read
     assert "the draft's step cost c = 0.110 and 0.109 target steps" in section
+    row = next(line for line in RESULTS.splitlines() if line.startswith("| v: a pass over k + 1"))
+    v = [float(x) for cell in row.strip("|").split("|")[1:6] for x in cell.split("/")]   # k = 1-6
+    assert f"($v$ = {min(v):.2f}–{max(v):.2f} target steps for $k$ = 1–6" in read, v
 
 
 WIDTH_OVER_DEPTH = (1.05, 1.4)     # ms per token, width / depth: Q4 "about 1.1-1.3x", the slides
