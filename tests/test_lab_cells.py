@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fairness_more import SEARCH_PLAN, SHORTEST_PROMPT_FIRST
+from fairness_more import FIXED_BLOCKS, SEARCH_PLAN, SHORTEST_PROMPT_FIRST
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow          # ~15 s: each test runs lab 02's setup and test cells
@@ -158,6 +158,68 @@ def lab03():
 
 # ---- design tasks graded by outcome: two different correct designs earn the points, a poor one
 # loses them (the whole test cell, visible and hidden parts, as graded)
+
+@pytest.fixture(scope="module")
+def lab02_growing():
+    threads = torch.get_num_threads()
+    src = cells("02_kv_cache")
+    ns: dict = {}
+    exec(compile(src["02_setup"], "02_setup", "exec"), ns)
+    yield src, ns
+    torch.set_num_threads(threads)
+
+
+# the second design, unlike the solution's doubling, is fairness_more.FIXED_BLOCKS: blocks of 64
+# positions that never move, the cache attending over them itself (also graded through nbgrader
+# in the fairness batch)
+_DOUBLING_START = "shape = (batch_size, n_kv_heads, 16, head_dim)"
+POOR_CACHES = {
+    # the simplest growth: torch.cat at every step of every layer copies the whole history
+    "cat_per_token": ("""
+class GrowingKVCache:
+    def __init__(self, n_layers, batch_size, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.k, self.v, self.seq_len = [None] * n_layers, [None] * n_layers, 0
+
+    def update(self, layer_idx, k, v, positions):
+        if self.k[layer_idx] is not None:
+            k = torch.cat([self.k[layer_idx], k], dim=2)
+            v = torch.cat([self.v[layer_idx], v], dim=2)
+        self.k[layer_idx], self.v[layer_idx] = k, v
+        return k, v, torch.arange(k.shape[2])
+
+    def advance(self, positions):
+        self.seq_len += positions.shape[-1]
+
+    @classmethod
+    def for_model(cls, model, batch_size):
+        c = model.config
+        return cls(c.n_layers, batch_size, c.n_kv_heads, c.head_dim)
+""", "copied"),
+    # the solution's doubling, started at the model's whole context: nothing to copy, but 512
+    # positions held for a few
+    "whole_context": (_DOUBLING_START, "storage alive"),
+}
+
+
+@pytest.mark.parametrize("design", ["solution", "fixed_blocks"])
+def test_lab02_growing_test_passes_two_different_designs(lab02_growing, design):
+    src, ns = lab02_growing
+    code = src["02_growing_cache"] if design == "solution" else FIXED_BLOCKS
+    exec(compile(code, "02_growing_cache", "exec"), ns)
+    exec(compile(src["02_growing_test"], "02_growing_test", "exec"), ns)
+
+
+@pytest.mark.parametrize("design", sorted(POOR_CACHES))
+def test_lab02_growing_test_fails_a_poor_design(lab02_growing, design):
+    src, ns = lab02_growing
+    code, why = POOR_CACHES[design]
+    if code == _DOUBLING_START:
+        assert code in src["02_growing_cache"], "the solution's start changed: update this test"
+        code = src["02_growing_cache"].replace(code, code.replace("16", "512"))
+    exec(compile(code, "02_growing_cache", "exec"), ns)
+    with pytest.raises(AssertionError, match=why):
+        exec(compile(src["02_growing_test"], "02_growing_test", "exec"), ns)
+
 
 @pytest.fixture(scope="module")
 def lab06_policy():
