@@ -205,12 +205,12 @@ class GrowingKVCache:
         return cls(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, p.dtype, p.device)
 '''
 
-# lab 02's measurement cells (part 4's demo; part 6-7's roof, TTFT, decode against the batch, the
-# trace, the fits) skipped by the student: a minute of the batch that no
-# autograded cell reads
+# lab 02's measurement cells (part 4's demo and the growing cache's table; part 6-7's roof, TTFT,
+# decode against the batch, the trace, the fits) skipped by the student: a minute of the batch that
+# no autograded cell reads
 LAB02_MEASUREMENTS = ('prompt_ids = tok.encode("JULIET:', "roof = phase_costs.cpu_roofline(",
                       "def forward_counts(", "prompt_lengths = [", "CONTEXT = 256", "P_TRACE, N_TRACE",
-                      "# both phases in the same interleaved rounds")
+                      "# both phases in the same interleaved rounds", "# your cache in one greedy")
 
 SUBMISSIONS = [
     # each design style shares a submission with another style of its lab: one graded notebook

@@ -195,6 +195,27 @@ class GrowingKVCache:
         c = model.config
         return cls(c.n_layers, batch_size, c.n_kv_heads, c.head_dim)
 """, "copied"),
+    # no copy on arrival: keep the model's k and v tensors in a list, and concatenate them for
+    # attention at every step (the model's own tensors count as the cache's once it keeps them)
+    "list_then_cat": ("""
+class GrowingKVCache:
+    def __init__(self, n_layers, batch_size, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.ks, self.vs, self.seq_len = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)], 0
+
+    def update(self, layer_idx, k, v, positions):
+        self.ks[layer_idx].append(k)
+        self.vs[layer_idx].append(v)
+        k_all, v_all = torch.cat(self.ks[layer_idx], dim=2), torch.cat(self.vs[layer_idx], dim=2)
+        return k_all, v_all, torch.arange(k_all.shape[2])
+
+    def advance(self, positions):
+        self.seq_len += positions.shape[-1]
+
+    @classmethod
+    def for_model(cls, model, batch_size):
+        c = model.config
+        return cls(c.n_layers, batch_size, c.n_kv_heads, c.head_dim)
+""", "copied"),
     # the solution's doubling, started at the model's whole context: nothing to copy, but 512
     # positions held for a few
     "whole_context": (_DOUBLING_START, "storage alive"),

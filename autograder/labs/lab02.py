@@ -206,8 +206,7 @@ class _Ledger(TorchDispatchMode):
         fresh = [t for r, o in zip(schema.returns, out if isinstance(out, (tuple, list)) else [out])
                  if r.alias_info is None for t in _tensors(o)]
         for t in fresh:
-            st = t.untyped_storage()
-            self.storages.setdefault(st._cdata, [StorageWeakRef(st), st.nbytes(), self.calls])
+            self._keep(t)
         if before is not None:                  # a reallocation copies the old bytes
             st = written[0].untyped_storage()
             if st.nbytes() > before:
@@ -220,9 +219,15 @@ class _Ledger(TorchDispatchMode):
                 self.copied += min(source, target) if target else source
         return out
 
+    def _keep(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        self.storages.setdefault(st._cdata, [StorageWeakRef(st), st.nbytes(), self.calls])
+
     @contextlib.contextmanager
-    def call(self):
-        """One call of the cache's methods (the calls it makes itself belong to it)."""
+    def call(self, args=()):
+        """One call of the cache's methods (the calls it makes itself belong to it). The tensors
+        it is handed count as its own from then on: a cache that keeps the model's k and v
+        tensors holds them, and copies them again if it concatenates them later."""
         self.depth += 1
         if self.depth > 1:
             try:
@@ -231,6 +236,8 @@ class _Ledger(TorchDispatchMode):
                 self.depth -= 1
             return
         self.calls += 1
+        for t in _tensors(list(args)):
+            self._keep(t)
         self.alive()
         self.earlier = {k for k, s in self.storages.items() if s[2] < self.calls}
         try:
@@ -248,7 +255,7 @@ def _watched(cache_cls, ledger: _Ledger):
     """A subclass of the student's cache whose methods run under the ledger."""
     def wrap(fn):
         def method(self, *args, **kwargs):
-            with ledger.call():
+            with ledger.call((*args, *kwargs.values())):
                 return fn(self, *args, **kwargs)
         return method
     names = {n: wrap(getattr(cache_cls, n)) for n in _WATCHED if callable(getattr(cache_cls, n, None))}
@@ -263,7 +270,12 @@ def growth_run(cache_cls, prompt, new_tokens: int, chunks=(), random_model=None)
     alive after any call of the cache so far (bytes); the tokens and each pass's last logits."""
     model = labs.model_of(random_model)
     ledger = _Ledger()
-    cache = _watched(cache_cls, ledger).for_model(model, prompt.shape[0])
+    watched = _watched(cache_cls, ledger)
+    cache = watched.for_model(model, prompt.shape[0])
+    if type(cache) is not watched:
+        raise ValueError(f"{cache_cls.__name__}.for_model(model, batch_size) must build the class "
+                         f"it is called on, cls(...), not a class it names (it returned a "
+                         f"{type(cache).__module__}.{type(cache).__qualname__})")
     passes, logits, tokens = [], [], []
     bounds = [0, *chunks, prompt.shape[1]]
     pieces = [prompt[:, a:b] for a, b in zip(bounds, bounds[1:])]
