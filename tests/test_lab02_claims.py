@@ -174,6 +174,9 @@ def test_the_recorded_figures_the_lab_cites():
         for s in sentences:
             assert s in text, (gid, s)
     assert "(2.16× once, with both cores busy" in _flat(_by_id("02_md_batch_read"))
+    deck = _flat(SLIDES.read_text())     # the bench took 44 s quiet, 71 s busy
+    assert "(about a minute; command in the lab)" in deck
+    assert "(at most 4× the positions held + 256)" in deck
 
 
 def test_ops_per_step_threshold_and_ridge(lab02):
