@@ -205,7 +205,7 @@ def test_ops_per_step_threshold_and_ridge(lab02):
 
 def test_the_growing_cache_text_and_the_solution_comment(lab02):
     """The design task's bounds are the grader's; the doubling solution copies fewer than 2n
-    positions for n and, past 16 positions, holds at most 2n (besides the int64 key positions it returns; a random model, 70 tokens)."""
+    positions for n and, past 16 positions, holds at most 2n (besides the int64 key positions it returns; a random model, 45 tokens)."""
     from autograder.labs import lab02 as grader
     md = _flat(_by_id("02_md_growing"))
     assert (grader.GROWTH_FACTOR, grader.GROWTH_HEADROOM) == (4, 256)
@@ -215,7 +215,7 @@ def test_the_growing_cache_text_and_the_solution_comment(lab02):
     conf = dict(vocab_size=61, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48,
                 max_seq_len=256)
     per_position = 2 * 2 * 1 * 2 * 8 * 4
-    run = grader.growth_run(lab02["GrowingKVCache"], torch.tensor([[3, 4, 5]]), 70,
+    run = grader.growth_run(lab02["GrowingKVCache"], torch.tensor([[3, 4, 5]]), 45,
                             random_model=(1, conf))
     for n, copied, held in run["passes"]:
         assert copied / per_position < 2 * n and (n < 16 or (held - 8 * n) / per_position <= 2 * n), (n, copied, held)
