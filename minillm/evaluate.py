@@ -16,11 +16,9 @@ from .data import load_tokens
 @torch.no_grad()
 def perplexity(model, tokenizer, split: str = "val", max_tokens: int | None = None,
                seq_len: int | None = None, batch_size: int = 8) -> dict:
-    data = load_tokens(tokenizer, split)
-    if max_tokens is not None:
-        if max_tokens < 2:
-            raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
-        data = data[:max_tokens]
+    if max_tokens is not None and max_tokens < 2:
+        raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+    data = load_tokens(tokenizer, split, max_tokens)
     seq_len = seq_len or model.config.max_seq_len
     device = next(model.parameters()).device
     windows = [data[i:i + seq_len + 1] for i in range(0, len(data) - 1, seq_len)]

@@ -157,8 +157,81 @@ def choose_chunk(T, batch, n_heads, head_dim, machine):
     return min((2 ** i for i in range(20) if 2 ** i <= T), key=estimate)
 '''
 
+FIXED_BLOCKS = '''
+class GrowingKVCache:
+    """Fixed blocks of 64 positions that never move; the cache attends over them itself."""
+    BLOCK = 64
+
+    def __init__(self, n_layers, batch_size, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.shape = (batch_size, n_kv_heads, self.BLOCK, head_dim)
+        self.dtype, self.device = dtype, device
+        self.blocks = [[] for _ in range(n_layers)]     # per layer: [k block, v block] pairs
+        self.seq_len = 0
+
+    def update(self, layer_idx, k, v, positions):
+        blocks, done = self.blocks[layer_idx], 0
+        while done < k.shape[2]:
+            b, off = divmod(self.seq_len + done, self.BLOCK)
+            if b == len(blocks):
+                blocks.append([torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+                               for _ in range(2)])
+            n = min(k.shape[2] - done, self.BLOCK - off)
+            blocks[b][0][:, :, off:off + n] = k[:, :, done:done + n]
+            blocks[b][1][:, :, off:off + n] = v[:, :, done:done + n]
+            done += n
+
+    def attention(self, layer_idx, q, k, v, positions, window):
+        # the model calls this instead of update: store, then attend block by block with a
+        # running max and sum (the softmax of all blocks without putting them side by side)
+        assert window is None, "no sliding windows here"
+        self.update(layer_idx, k, v, positions)
+        B, N, T, H = q.shape
+        K = k.shape[1]
+        q = q.reshape(B, K, N // K * T, H) / H ** 0.5              # query head h uses KV head h // (N/K)
+        q_pos = positions.reshape(-1)[-T:].repeat(N // K)           # each query row's position
+        end = self.seq_len + T
+        m = torch.full((B, K, q.shape[2], 1), float("-inf"), dtype=q.dtype)
+        s_sum = torch.zeros(B, K, q.shape[2], 1, dtype=q.dtype)
+        acc = torch.zeros(B, K, q.shape[2], H, dtype=q.dtype)
+        for b, (kb, vb) in enumerate(self.blocks[layer_idx]):
+            lo, hi = b * self.BLOCK, min((b + 1) * self.BLOCK, end)
+            if lo >= end:
+                break
+            scores = q @ kb[:, :, :hi - lo].transpose(-1, -2)
+            future = torch.arange(lo, hi)[None, :] > q_pos[:, None]
+            scores = scores.masked_fill(future, float("-inf"))
+            m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+            p = torch.exp(scores - m_new)
+            scale = torch.exp(m - m_new)
+            s_sum = s_sum * scale + p.sum(-1, keepdim=True)
+            acc = acc * scale + p @ vb[:, :, :hi - lo]
+            m = m_new
+        return (acc / s_sum).reshape(B, N, T, H)
+
+    def advance(self, positions):
+        self.seq_len += positions.shape[-1]
+
+    @classmethod
+    def for_model(cls, model, batch_size):
+        c = model.config
+        p = next(model.parameters())
+        return cls(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, p.dtype, p.device)
+'''
+
+# lab 02's measurement cells (part 4's demo and the growing cache's table; part 6-7's roof, TTFT,
+# decode against the batch, the trace, the fits) skipped by the student: a minute of the batch that
+# no autograded cell reads
+LAB02_MEASUREMENTS = ('prompt_ids = tok.encode("JULIET:', "roof = phase_costs.cpu_roofline(",
+                      "def forward_counts(", "prompt_lengths = [", "CONTEXT = 256", "P_TRACE, N_TRACE",
+                      "# both phases in the same interleaved rounds", "# your cache in one greedy")
+
 SUBMISSIONS = [
     # each design style shares a submission with another style of its lab: one graded notebook
+    Honest("02_kv_cache", "fixed_blocks",
+           "a growing KV cache unlike the solution's doubling: fixed blocks of 64 positions that "
+           "never move, with the cache attending over them itself (an online softmax); the lab's "
+           "measurement cells skipped (turned into comments)",
+           {"02_growing_cache": FIXED_BLOCKS}, skip=LAB02_MEASUREMENTS),
     Honest("06_continuous_batching", "numpy_percentile_shortest_first",
            "percentile with NumPy's np.percentile, and a scheduling policy unlike the solution's: "
            "shortest prompt first, whole prompts",

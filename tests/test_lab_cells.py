@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fairness_more import POW2_CHUNK_SEARCH, SEARCH_PLAN, SHORTEST_PROMPT_FIRST
+from fairness_more import FIXED_BLOCKS, POW2_CHUNK_SEARCH, SEARCH_PLAN, SHORTEST_PROMPT_FIRST
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow          # ~15 s: each test runs lab 02's setup and test cells
@@ -205,6 +205,88 @@ def test_lab00_recipe_test_fails_a_poor_design(lab00_recipe, design):
     with pytest.raises(AssertionError, match=why):
         exec(compile(src["00_recipe_test"], "00_recipe_test", "exec"), ns)
 
+
+@pytest.fixture(scope="module")
+def lab02_growing():
+    threads = torch.get_num_threads()
+    src = cells("02_kv_cache")
+    ns: dict = {}
+    exec(compile(src["02_setup"], "02_setup", "exec"), ns)
+    yield src, ns
+    torch.set_num_threads(threads)
+
+
+# the second design, unlike the solution's doubling, is fairness_more.FIXED_BLOCKS: blocks of 64
+# positions that never move, the cache attending over them itself (also graded through nbgrader
+# in the fairness batch)
+_DOUBLING_START = "shape = (batch_size, n_kv_heads, 16, head_dim)"
+POOR_CACHES = {
+    # the simplest growth: torch.cat at every step of every layer copies the whole history
+    "cat_per_token": ("""
+class GrowingKVCache:
+    def __init__(self, n_layers, batch_size, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.k, self.v, self.seq_len = [None] * n_layers, [None] * n_layers, 0
+
+    def update(self, layer_idx, k, v, positions):
+        if self.k[layer_idx] is not None:
+            k = torch.cat([self.k[layer_idx], k], dim=2)
+            v = torch.cat([self.v[layer_idx], v], dim=2)
+        self.k[layer_idx], self.v[layer_idx] = k, v
+        return k, v, torch.arange(k.shape[2])
+
+    def advance(self, positions):
+        self.seq_len += positions.shape[-1]
+
+    @classmethod
+    def for_model(cls, model, batch_size):
+        c = model.config
+        return cls(c.n_layers, batch_size, c.n_kv_heads, c.head_dim)
+""", "copied"),
+    # no copy on arrival: keep the model's k and v tensors in a list, and concatenate them for
+    # attention at every step (the model's own tensors count as the cache's once it keeps them)
+    "list_then_cat": ("""
+class GrowingKVCache:
+    def __init__(self, n_layers, batch_size, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.ks, self.vs, self.seq_len = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)], 0
+
+    def update(self, layer_idx, k, v, positions):
+        self.ks[layer_idx].append(k)
+        self.vs[layer_idx].append(v)
+        k_all, v_all = torch.cat(self.ks[layer_idx], dim=2), torch.cat(self.vs[layer_idx], dim=2)
+        return k_all, v_all, torch.arange(k_all.shape[2])
+
+    def advance(self, positions):
+        self.seq_len += positions.shape[-1]
+
+    @classmethod
+    def for_model(cls, model, batch_size):
+        c = model.config
+        return cls(c.n_layers, batch_size, c.n_kv_heads, c.head_dim)
+""", "copied"),
+    # the solution's doubling, started at the model's whole context: nothing to copy, but 512
+    # positions held for a few
+    "whole_context": (_DOUBLING_START, "storage alive"),
+}
+
+
+@pytest.mark.parametrize("design", ["solution", "fixed_blocks"])
+def test_lab02_growing_test_passes_two_different_designs(lab02_growing, design):
+    src, ns = lab02_growing
+    code = src["02_growing_cache"] if design == "solution" else FIXED_BLOCKS
+    exec(compile(code, "02_growing_cache", "exec"), ns)
+    exec(compile(src["02_growing_test"], "02_growing_test", "exec"), ns)
+
+
+@pytest.mark.parametrize("design", sorted(POOR_CACHES))
+def test_lab02_growing_test_fails_a_poor_design(lab02_growing, design):
+    src, ns = lab02_growing
+    code, why = POOR_CACHES[design]
+    if code == _DOUBLING_START:
+        assert code in src["02_growing_cache"], "the solution's start changed: update this test"
+        code = src["02_growing_cache"].replace(code, code.replace("16", "512"))
+    exec(compile(code, "02_growing_cache", "exec"), ns)
+    with pytest.raises(AssertionError, match=why):
+        exec(compile(src["02_growing_test"], "02_growing_test", "exec"), ns)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,14 @@
 """Lab 02: probes run the student's cache and loop; the speed check times one decode step at a
-long context (a whole generation would need ~30 s of CPU to show the gap)."""
+long context (a whole generation would need ~30 s of CPU to show the gap); the growth check runs
+the student's growing cache through greedy generations and counts, from outside the student's
+code, the storage it keeps and the old entries it copies."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder import labs
 from autograder.labs import context_ids, counted_generate, random_model, with_config
@@ -132,5 +138,212 @@ SPEED_CHECK = SpeedCheck(
          "reaches at least {at_least:g}x. Does your update copy or recompute more than the new "
          "entries?")
 check_decode_speedup = SPEED_CHECK.check
+
+# --- the design task: a cache that does not know the final length ---------------------------------
+# Counted in positions' worth of keys and values (bytes / (2 L B K H x bytes per value)), after
+# every forward pass of greedy generations: the old entries copied so far, and the most storage
+# alive after any call of the cache, may each reach GROWTH_FACTOR x the positions held then, plus
+# GROWTH_HEADROOM positions. Doubling copies < 2 per position and holds < 2x; fixed blocks that
+# never move copy nothing and hold less than a block more; torch.cat per token copies ~n/2 per
+# position (n^2/2 in all); preallocating the model's whole context holds 512 positions for 1.
+GROWTH_FACTOR = 4
+GROWTH_HEADROOM = 256
+
+# the operations that copy a tensor's values into other memory (as the dispatcher sees them)
+_COPYING = frozenset({
+    "cat", "stack", "hstack", "vstack", "dstack", "copy_", "copy", "clone", "_to_copy",
+    "index_select", "index", "gather", "take", "masked_select", "index_copy", "index_copy_",
+    "index_put", "index_put_", "_index_put_impl_", "index_add", "index_add_", "scatter",
+    "scatter_", "slice_scatter", "select_scatter", "as_strided_scatter", "diagonal_scatter",
+    "narrow_copy", "constant_pad_nd", "pad", "repeat", "repeat_interleave", "flip", "roll",
+    "expand_copy", "permute_copy", "view_copy", "transpose_copy", "t_copy", "unfold_copy",
+    "alias_copy", "detach_copy", "slice_copy", "select_copy", "split_copy", "unbind_copy",
+    "_reshape_copy", "where", "masked_scatter", "masked_scatter_", "put_", "put"})
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+
+
+def _view_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class _Ledger(TorchDispatchMode):
+    """Watches every tensor operation run inside the cache's methods (its constructor too): the
+    storage they allocate, alive or freed, and the bytes that copying operations read back out of
+    storage allocated in an earlier call -- the keys and values the cache holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages = {}          # storage id -> [weak reference, bytes, call that made it]
+        self.earlier = set()        # ids of the storages alive at the start of this call
+        self.calls = self.copied = self.depth = self.held = 0
+
+    def alive(self) -> int:
+        self.storages = {k: s for k, s in self.storages.items() if not s[0].expired()}
+        return sum(s[1] for s in self.storages.values())
+
+    def _held(self, t: torch.Tensor) -> bool:
+        return t.numel() > 0 and t.untyped_storage()._cdata in self.earlier
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = func._schema
+        written, read = [], []
+        for i, arg in enumerate(schema.arguments):
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            (written if arg.alias_info is not None and arg.alias_info.is_write else read).extend(
+                _tensors(value))
+        name = func.overloadpacket.__name__
+        before = written[0].untyped_storage().nbytes() if name == "resize_" and written and \
+            self._held(written[0]) else None
+        out = func(*args, **kwargs)
+        fresh = [t for r, o in zip(schema.returns, out if isinstance(out, (tuple, list)) else [out])
+                 if r.alias_info is None for t in _tensors(o)]
+        for t in fresh:
+            self._keep(t)
+        if before is not None:                  # a reallocation copies the old bytes
+            st = written[0].untyped_storage()
+            if st.nbytes() > before:
+                self.copied += before
+            self.storages.setdefault(st._cdata, [StorageWeakRef(st), 0, self.calls])[1] = st.nbytes()
+        elif name in _COPYING:
+            source = sum(_view_bytes(t) for t in read if self._held(t))
+            if source:
+                target = sum(_view_bytes(t) for t in written + fresh)
+                self.copied += min(source, target) if target else source
+        return out
+
+    def _keep(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        self.storages.setdefault(st._cdata, [StorageWeakRef(st), st.nbytes(), self.calls])
+
+    @contextlib.contextmanager
+    def call(self, args=()):
+        """One call of the cache's methods (the calls it makes itself belong to it). The tensors
+        it is handed count as its own from then on: a cache that keeps the model's k and v
+        tensors holds them, and copies them again if it concatenates them later."""
+        self.depth += 1
+        if self.depth > 1:
+            try:
+                yield
+            finally:
+                self.depth -= 1
+            return
+        self.calls += 1
+        for t in _tensors(list(args)):
+            self._keep(t)
+        self.alive()
+        self.earlier = {k for k, s in self.storages.items() if s[2] < self.calls}
+        try:
+            with self:
+                yield
+        finally:
+            self.depth = 0
+            self.held = max(self.held, self.alive())
+
+
+_WATCHED = ("__init__", "update", "advance", "attention")
+
+
+def _watched(cache_cls, ledger: _Ledger):
+    """A subclass of the student's cache whose methods run under the ledger."""
+    def wrap(fn):
+        def method(self, *args, **kwargs):
+            with ledger.call((*args, *kwargs.values())):
+                return fn(self, *args, **kwargs)
+        return method
+    names = {n: wrap(getattr(cache_cls, n)) for n in _WATCHED if callable(getattr(cache_cls, n, None))}
+    return type(cache_cls.__name__, (cache_cls,), names)
+
+
+@probe
+def growth_run(cache_cls, prompt, new_tokens: int, chunks=(), random_model=None) -> dict:
+    """Greedy generation of `new_tokens` tokens after `prompt` ([B, P] ids; prefilled in pieces
+    ending at `chunks`) on a fresh model, with `cache_cls.for_model(model, B)` watched: per
+    forward pass the positions held after it, the old entries copied so far and the most storage
+    alive after any call of the cache so far (bytes); the tokens and each pass's last logits."""
+    model = labs.model_of(random_model)
+    ledger = _Ledger()
+    watched = _watched(cache_cls, ledger)
+    cache = watched.for_model(model, prompt.shape[0])
+    if type(cache) is not watched:
+        raise ValueError(f"{cache_cls.__name__}.for_model(model, batch_size) must build the class "
+                         f"it is called on, cls(...), not a class it names (it returned a "
+                         f"{type(cache).__module__}.{type(cache).__qualname__})")
+    passes, logits, tokens = [], [], []
+    bounds = [0, *chunks, prompt.shape[1]]
+    pieces = [prompt[:, a:b] for a, b in zip(bounds, bounds[1:])]
+    held = 0
+    with torch.no_grad():
+        for step in range(len(pieces) + new_tokens - 1):
+            ids = pieces[step] if step < len(pieces) else tokens[-1][:, None]
+            held += ids.shape[1]
+            last = model(ids, cache=cache)[:, -1]
+            passes.append([held, ledger.copied, ledger.held])
+            if step >= len(pieces) - 1:
+                logits.append(last)
+                tokens.append(last.argmax(-1))
+    return {"tokens": torch.stack(tokens, 1), "logits": torch.stack(logits, 1),
+            "passes": passes, "seq_len": getattr(cache, "seq_len", None)}
+
+
+def growth_reference(prompt, new_tokens: int, chunks=(), random_model=None) -> dict:
+    """The same greedy generation with the course's static cache, in the tester."""
+    model = labs.shipped_model() if random_model is None else labs.random_model(*random_model)
+    cache = KVCache.for_model(model, prompt.shape[0], prompt.shape[1] + new_tokens)
+    bounds = [0, *chunks, prompt.shape[1]]
+    logits, tokens = [], []
+    with torch.no_grad():
+        for a, b in zip(bounds, bounds[1:]):
+            last = model(prompt[:, a:b], cache=cache)[:, -1]
+        for _ in range(new_tokens):
+            logits.append(last)
+            tokens.append(last.argmax(-1))
+            if len(tokens) < new_tokens:
+                last = model(tokens[-1][:, None], cache=cache)[:, -1]
+    return {"tokens": torch.stack(tokens, 1), "logits": torch.stack(logits, 1)}
+
+
+def check_growth(cache_cls, prompt, new_tokens: int, chunks=(), random_model=None) -> dict:
+    """Generation identical to the static cache's, then the two bounds, printed before they are
+    checked: copied and held storage, in positions' worth, against GROWTH_FACTOR x the positions
+    held (+ GROWTH_HEADROOM), after every forward pass."""
+    c = (labs.shipped_model() if random_model is None else labs.random_model(*random_model)).config
+    per_position = 2 * c.n_layers * prompt.shape[0] * c.n_kv_heads * c.head_dim * 4   # fp32
+    run = growth_run(cache_cls, prompt, new_tokens, chunks, random_model=random_model)
+    want = growth_reference(prompt, new_tokens, chunks, random_model)
+    where = f"{prompt.shape[0]} x {prompt.shape[1]}-token prompt, {new_tokens} new tokens"
+    assert_tensor_close(run["logits"], want["logits"], 1e-4, f"next-token logits ({where})")
+    got, ref = run["tokens"].tolist(), want["tokens"].tolist()
+    assert got == ref, f"greedy tokens ({where}) differ from the static cache's:\n{got}\n{ref}"
+    n, copied, held = (max(p[i] / (1 if i == 0 else per_position) for p in run["passes"])
+                       for i in range(3))
+    # the share of its allowance (GROWTH_FACTOR x the positions held + GROWTH_HEADROOM) each
+    # figure used at its worst step
+    worst = {k: max(p[i] / per_position / (GROWTH_FACTOR * p[0] + GROWTH_HEADROOM)
+                    for p in run["passes"]) for k, i in (("copied", 1), ("held", 2))}
+    print(f"{where}: {n:.0f} positions held at the end; old entries copied, in all: "
+          f"{copied:,.0f} positions' worth ({copied / n:.2f} per position held); the most storage "
+          f"alive after a call: {held:,.0f} positions' worth. Allowed at every step: "
+          f"{GROWTH_FACTOR} x the positions held + {GROWTH_HEADROOM} for each; your worst step "
+          f"used {worst['copied']:.0%} of it copying and {worst['held']:.0%} holding (at most 100%)")
+    assert worst["copied"] <= 1, (
+        f"your cache copied {copied:,.0f} positions' worth of old keys and values to hold {n:.0f}: "
+        f"more than {GROWTH_FACTOR} per position held (+ {GROWTH_HEADROOM}) at some step. How "
+        f"often does it move what it already holds?")
+    assert worst["held"] <= 1, (
+        f"your cache kept {held:,.0f} positions' worth of storage alive: more than "
+        f"{GROWTH_FACTOR}x the positions it held then (+ {GROWTH_HEADROOM}). Does it allocate for "
+        f"a length it does not know yet, or keep what it has outgrown?")
+    return {"positions": n, "copied": copied, "held": held, **worst}
+
+
 __all__ = ["cache_trace", "cached_forward", "counted_generate", "with_config", "cache_nbytes",
-           "decode_step", "timed_step", "random_model", "context_ids", "check_decode_speedup"]
+           "decode_step", "timed_step", "random_model", "context_ids", "check_decode_speedup",
+           "growth_run", "check_growth"]
