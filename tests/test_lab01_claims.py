@@ -290,3 +290,11 @@ def test_the_serving_task_states_its_threshold():
     from autograder.labs import lab01 as grading
     share = f"{grading.SERVING_WITHIN:.0%}".replace("%", " %")
     assert f"reaches at least {share} of the best throughput" in _flat(_by_id("01_md_serving"))
+
+
+def test_the_all_reduce_latency_is_the_one_the_cells_use():
+    """The text names α as an assumption, and it is the one the explorer and the tables use."""
+    text = _flat(_by_id("01_md_tensor_parallel"))
+    assert "assume $\\alpha$ = 5 µs over NVLink, a round figure, not a measurement" in text
+    code = (REPO / "labs" / "01_roofline" / "01_roofline.ipynb").read_text()
+    assert code.count("allreduce_latency_s=5e-6") >= 4 and "a few microseconds" not in code
