@@ -148,7 +148,8 @@ RUNS = 1                       # ~9 s a run (the cell's 7 rounds); the ranges be
 RIDGE = (3.0, 7.0)             # fitted ridge, FLOPs/byte (fp32, one core)
 PEAK_GFLOPS = (80.0, 130.0)    # highest FLOP/s of the sweep
 BANDWIDTH_GBS = (15.0, 30.0)   # highest bytes/s of the sweep (B = 1 in every run so far)
-SMALL_B_BELOW = 0.85           # B = 2..8: measured / predicted at most this
+LOWEST_AMONG = (4, 8, 16)      # the batch with the lowest measured / predicted is one of these
+LOWEST_AT_MOST = 0.75          # and that ratio is at most this (B = 2 reached 0.92 once: make test)
 B8_ABOUT_HALF = (0.3, 0.7)     # B = 8: "about half"
 LARGE_B_NEAR = 0.75            # B = 256..1024: at least this
 
@@ -176,7 +177,8 @@ def test_the_sweep_keeps_the_ranges_the_text_states(lab01):
         assert RIDGE[0] <= r["ridge"] <= RIDGE[1], where
         assert PEAK_GFLOPS[0] <= r["peak"] <= PEAK_GFLOPS[1], where
         assert BANDWIDTH_GBS[0] <= r["bandwidth"] <= BANDWIDTH_GBS[1], where
-        assert max(r["ratio"][b] for b in (2, 4, 8)) <= SMALL_B_BELOW, where
+        lowest = min(r["ratio"], key=r["ratio"].get)
+        assert lowest in LOWEST_AMONG and r["ratio"][lowest] <= LOWEST_AT_MOST, where
         assert B8_ABOUT_HALF[0] <= r["ratio"][8] <= B8_ABOUT_HALF[1], where
         assert min(r["ratio"][b] for b in (256, 512, 1024)) >= LARGE_B_NEAR, where
         # Q2 / Q3: B = 1 sets the bandwidth, one of B = 256-1024 the peak
@@ -185,9 +187,10 @@ def test_the_sweep_keeps_the_ranges_the_text_states(lab01):
     assert f"about {RIDGE[0]:g}–{RIDGE[1]:g} FLOPs/byte" in q2
     assert f"{PEAK_GFLOPS[0]:g}–{PEAK_GFLOPS[1]:g} GFLOP/s" in q2
     assert f"{BANDWIDTH_GBS[0]:g}–{BANDWIDTH_GBS[1]:g} GB/s" in q2
-    assert f"at most {SMALL_B_BELOW:g} of the prediction ($B = 8$ about half" in q3
-    assert (f"$B = 2$–$8$ reached at most {SMALL_B_BELOW:g} of the prediction, $B = 8$ about half"
-            in _flat(_by_id("01_md_roofline_read")))
+    lowest = (f"the lowest point was one of $B = {LOWEST_AMONG[0]}$–{LOWEST_AMONG[-1]}, at most "
+              f"{LOWEST_AT_MOST:g} of the prediction")
+    assert f"{lowest} ($B = 8$ about half" in q3
+    assert f"{lowest}, and $B = 8$ about half" in _flat(_by_id("01_md_roofline_read"))
     assert f"at least {LARGE_B_NEAR:g} of it" in q3
     assert "the peak came only at $B = 256$–1024" in q2
     assert "$B = 1$ and the point with the highest FLOP/s (one of $B = 256$–1024) sit on the roofline" in q3
