@@ -25,17 +25,31 @@ def cells(lab: str) -> dict[str, str]:
             if "grade_id" in c["metadata"].get("nbgrader", {})}
 
 
-@pytest.fixture
-def lab02(monkeypatch):
-    """Lab 02's setup and cache cells run in a fresh namespace (the setup sets one torch thread:
-    restored after the test)."""
+def namespace(lab: str, *setup: str, extra: str = ""):
+    """A fixture's body: `setup`'s cells of `lab` (then `extra`) run in a fresh namespace,
+    yielding (cells, namespace); the lab's setup sets one torch thread, restored afterwards."""
     threads = torch.get_num_threads()
-    src = cells("02_kv_cache")
-    ns: dict = {}
-    exec(compile(src["02_setup"], "02_setup", "exec"), ns)
-    exec(compile(src["02_cache"], "02_cache", "exec"), ns)
+    src, ns = cells(lab), {}
+    for gid in setup:
+        exec(compile(src[gid], gid, "exec"), ns)
+    if extra:
+        exec(extra, ns)
     yield src, ns
     torch.set_num_threads(threads)
+
+
+def grade(ns: dict, src: dict, answer: str, test: str, code: str | None = None) -> None:
+    """A design task as graded: the answer cell (the solution, or `code` in its place), then its
+    whole test cell, visible and hidden parts."""
+    exec(compile(src[answer] if code is None else code, answer, "exec"), ns)
+    exec(compile(src[test], test, "exec"), ns)
+
+
+@pytest.fixture
+def lab02():
+    """Lab 02's setup and cache cells run in a fresh namespace (the setup sets one torch thread:
+    restored after the test)."""
+    yield from namespace("02_kv_cache", "02_setup", "02_cache")
 
 
 # the classic slip: the loop stops on a stop token only, so after the n-th token it still runs a
@@ -46,8 +60,7 @@ ONE_PASS_TOO_MANY = ("        if nxt in stop_ids or step == max_new_tokens - 1:\
 
 def test_lab02_generate_test_passes_the_solution(lab02):
     src, ns = lab02
-    exec(compile(src["02_generate_cached"], "02_generate_cached", "exec"), ns)
-    exec(compile(src["02_generate_test"], "02_generate_test", "exec"), ns)
+    grade(ns, src, "02_generate_cached", "02_generate_test")
 
 
 def test_lab02_generate_test_catches_one_forward_pass_too_many(lab02):
@@ -77,9 +90,8 @@ def test_lab02_cache_test_catches_copies_instead_of_views(lab02):
     src, ns = lab02
     old, new = RETURNS_COPIES
     assert old in src["02_cache"], "the solution's update changed: update this test"
-    exec(compile(src["02_cache"].replace(old, new), "02_cache", "exec"), ns)
     with pytest.raises(AssertionError, match="not copies"):
-        exec(compile(src["02_cache_test"], "02_cache_test", "exec"), ns)
+        grade(ns, src, "02_cache", "02_cache_test", src["02_cache"].replace(old, new))
 
 
 # --- lab 01: the serving choice, graded by its outcome -------------------------------------------
@@ -134,26 +146,15 @@ def choose_serving(scenario):                        # the right search, but nev
 def lab01_serving():
     import matplotlib
     matplotlib.use("Agg")
-    threads = torch.get_num_threads()
-    src = cells("01_roofline")
-    ns: dict = {}
-    for gid in ("01_setup", "01_shapes", "01_params_kv", "01_napkin", "01_max_batch",
-                "01_tensor_parallel", "01_serving_scenario"):
-        exec(compile(src[gid], gid, "exec"), ns)
-    yield src, ns
-    torch.set_num_threads(threads)
+    yield from namespace("01_roofline", "01_setup", "01_shapes", "01_params_kv", "01_napkin",
+                         "01_max_batch", "01_tensor_parallel", "01_serving_scenario")
 
 
 # --- lab 03: the design task, graded on what a design achieves ------------------------------------
 @pytest.fixture(scope="module")
 def lab03():
     """Lab 03's setup in a fresh namespace (one torch thread: restored afterwards)."""
-    threads = torch.get_num_threads()
-    src = cells("03_shrinking_kv")
-    ns: dict = {}
-    exec(compile(src["03_setup"], "03_setup", "exec"), ns)
-    yield src, ns
-    torch.set_num_threads(threads)
+    yield from namespace("03_shrinking_kv", "03_setup")
 
 
 # ---- design tasks graded by outcome: two different correct designs earn the points, a poor one
@@ -162,13 +163,8 @@ def lab03():
 @pytest.fixture(scope="module")
 def lab00_recipe():
     """Lab 00's setup and filters (the recipes are built from them), in a fresh namespace."""
-    threads = torch.get_num_threads()
-    src = cells("00_sampling")
-    ns: dict = {}
-    for gid in ("00_setup", "00_apply_temperature", "00_top_k_filter", "00_top_p_filter"):
-        exec(compile(src[gid], gid, "exec"), ns)
-    yield src, ns
-    torch.set_num_threads(threads)
+    yield from namespace("00_sampling", "00_setup", "00_apply_temperature", "00_top_k_filter",
+                         "00_top_p_filter")
 
 
 # the solution cools to 0.8 and cuts with top-p 0.9; a second design keeps the 40 best tokens at
@@ -193,27 +189,20 @@ POOR_RECIPES = {
 def test_lab00_recipe_test_passes_two_different_designs(lab00_recipe, design):
     src, ns = lab00_recipe
     code = src["00_recipe"] if design == "solution" else TOP_K_COOL
-    exec(compile(code, "00_recipe", "exec"), ns)
-    exec(compile(src["00_recipe_test"], "00_recipe_test", "exec"), ns)
+    grade(ns, src, "00_recipe", "00_recipe_test", code)
 
 
 @pytest.mark.parametrize("design", sorted(POOR_RECIPES))
 def test_lab00_recipe_test_fails_a_poor_design(lab00_recipe, design):
     src, ns = lab00_recipe
     code, why = POOR_RECIPES[design]
-    exec(compile(code, "00_recipe", "exec"), ns)
     with pytest.raises(AssertionError, match=why):
-        exec(compile(src["00_recipe_test"], "00_recipe_test", "exec"), ns)
+        grade(ns, src, "00_recipe", "00_recipe_test", code)
 
 
 @pytest.fixture(scope="module")
 def lab02_growing():
-    threads = torch.get_num_threads()
-    src = cells("02_kv_cache")
-    ns: dict = {}
-    exec(compile(src["02_setup"], "02_setup", "exec"), ns)
-    yield src, ns
-    torch.set_num_threads(threads)
+    yield from namespace("02_kv_cache", "02_setup")
 
 
 # the second design, unlike the solution's doubling, is fairness_more.FIXED_BLOCKS: blocks of 64
@@ -273,8 +262,7 @@ class GrowingKVCache:
 def test_lab02_growing_test_passes_two_different_designs(lab02_growing, design):
     src, ns = lab02_growing
     code = src["02_growing_cache"] if design == "solution" else FIXED_BLOCKS
-    exec(compile(code, "02_growing_cache", "exec"), ns)
-    exec(compile(src["02_growing_test"], "02_growing_test", "exec"), ns)
+    grade(ns, src, "02_growing_cache", "02_growing_test", code)
 
 
 @pytest.mark.parametrize("design", sorted(POOR_CACHES))
@@ -284,19 +272,13 @@ def test_lab02_growing_test_fails_a_poor_design(lab02_growing, design):
     if code == _DOUBLING_START:
         assert code in src["02_growing_cache"], "the solution's start changed: update this test"
         code = src["02_growing_cache"].replace(code, code.replace("16", "512"))
-    exec(compile(code, "02_growing_cache", "exec"), ns)
     with pytest.raises(AssertionError, match=why):
-        exec(compile(src["02_growing_test"], "02_growing_test", "exec"), ns)
+        grade(ns, src, "02_growing_cache", "02_growing_test", code)
 
 
 @pytest.fixture(scope="module")
 def lab06_policy():
-    threads = torch.get_num_threads()
-    src = cells("06_continuous_batching")
-    ns: dict = {}
-    exec(compile(src["06_setup"], "06_setup", "exec"), ns)
-    yield src, ns
-    torch.set_num_threads(threads)
+    yield from namespace("06_continuous_batching", "06_setup")
 
 
 @pytest.mark.parametrize("design", ["solution", "closed form"])
@@ -363,8 +345,7 @@ def design_for_budget(budget):
 def test_lab03_two_different_designs_earn_the_design_points(lab03, design, capsys):
     src, ns = lab03
     code = src["03_design"] if design == "solution" else BF16_LATENTS
-    exec(compile(code, "03_design", "exec"), ns)
-    exec(compile(src["03_design_test"], "03_design_test", "exec"), ns)     # visible and hidden
+    grade(ns, src, "03_design", "03_design_test", code)     # visible and hidden
     printed = capsys.readouterr().out
     assert printed.count("full marks at most") == 4 and "visible check passed" in printed, printed
 
@@ -373,9 +354,8 @@ def test_lab03_two_different_designs_earn_the_design_points(lab03, design, capsy
 def test_lab03_a_poor_design_loses_the_design_points(lab03, poor):
     src, ns = lab03
     code, why = POOR[poor]
-    exec(compile(code, "03_design", "exec"), ns)
     with pytest.raises(AssertionError, match=why.replace(".", r"\.")):
-        exec(compile(src["03_design_test"], "03_design_test", "exec"), ns)
+        grade(ns, src, "03_design", "03_design_test", code)
 
 
 # --- lab 05: the draft length is the student's decision (05_choose_k), graded by its outcome -----
@@ -423,8 +403,8 @@ def lab05_formulas():
 @pytest.mark.parametrize("rule", ["solution", "hill climb"])
 def test_lab05_choose_k_gives_two_different_rules_full_marks(lab05_formulas, rule, capsys):
     src, ns = lab05_formulas
-    exec(compile(src["05_choose_k"] if rule == "solution" else CLIMB, "05_choose_k", "exec"), ns)
-    exec(compile(src["05_choose_k_test"], "05_choose_k_test", "exec"), ns)   # visible + hidden
+    grade(ns, src, "05_choose_k", "05_choose_k_test",                   # visible + hidden
+          src["05_choose_k"] if rule == "solution" else CLIMB)
     printed = capsys.readouterr().out
     assert "choose_k: visible checks passed" in printed
     assert printed.count("(at least 95% required)") == 3 + 5 + 16, printed
@@ -443,9 +423,8 @@ def test_lab05_the_two_rules_differ(lab05_formulas):
 @pytest.mark.parametrize("rule", sorted(POOR_RULES))
 def test_lab05_choose_k_test_fails_a_poor_rule(lab05_formulas, rule):
     src, ns = lab05_formulas
-    exec(compile(POOR_RULES[rule], "05_choose_k", "exec"), ns)
     with pytest.raises(AssertionError, match=r"under 95% of k = \d+'s"):
-        exec(compile(src["05_choose_k_test"], "05_choose_k_test", "exec"), ns)
+        grade(ns, src, "05_choose_k", "05_choose_k_test", POOR_RULES[rule])
 
 
 def test_lab05_choose_k_test_fails_a_rule_that_only_the_hidden_part_catches(lab05_formulas):
@@ -494,33 +473,24 @@ def my_policy(now, waiting, running, max_seqs):
 def test_lab06_policy_test_passes_two_different_designs(lab06_policy, design):
     src, ns = lab06_policy
     code = src["06_policy"] if design == "solution" else SHORTEST_PROMPT_FIRST
-    exec(compile(code, "06_policy", "exec"), ns)
-    exec(compile(src["06_policy_test"], "06_policy_test", "exec"), ns)
+    grade(ns, src, "06_policy", "06_policy_test", code)
 
 
 @pytest.mark.parametrize("design", sorted(POOR_POLICIES))
 def test_lab06_policy_test_fails_a_poor_design(lab06_policy, design):
     src, ns = lab06_policy
     code, why = POOR_POLICIES[design]
-    exec(compile(code, "06_policy", "exec"), ns)
     with pytest.raises((AssertionError, ValueError), match=why):
-        exec(compile(src["06_policy_test"], "06_policy_test", "exec"), ns)
+        grade(ns, src, "06_policy", "06_policy_test", code)
 
 
 @pytest.fixture(scope="module")
 def lab08_plan():
     """Lab 08's setup, the course's scores (`ref`) and layer losses (`drop_loss`), as the
     notebook computes them before the plan's test."""
-    threads = torch.get_num_threads()
-    src = cells("08_pruning_distillation")
-    ns: dict = {}
-    exec(compile(src["08_setup"], "08_setup", "exec"), ns)
-    exec(compile(src["08_calib"], "08_calib", "exec"), ns)
-    exec(compile(src["08_prune"], "08_prune", "exec"), ns)
-    exec("ref = pruning.importance(target, CALIB)\n"
-         "drop_loss = pruning.layer_drop_loss(target, CALIB[:2])", ns)
-    yield src, ns
-    torch.set_num_threads(threads)
+    yield from namespace("08_pruning_distillation", "08_setup", "08_calib", "08_prune",
+                         extra="ref = pruning.importance(target, CALIB)\n"
+                               "drop_loss = pruning.layer_drop_loss(target, CALIB[:2])")
 
 
 # the second design, unlike the solution's fixed recipe, is fairness_more.SEARCH_PLAN: for each
@@ -552,17 +522,15 @@ def pruning_plan(imp, layer_loss, budget):
 @pytest.mark.parametrize("design", ["solution", "search"])
 def test_lab08_plan_test_passes_two_different_designs(lab08_plan, design):
     src, ns = lab08_plan
-    exec(compile(src["08_plan"] if design == "solution" else SEARCH_PLAN, "08_plan", "exec"), ns)
-    exec(compile(src["08_plan_test"], "08_plan_test", "exec"), ns)
+    grade(ns, src, "08_plan", "08_plan_test", None if design == "solution" else SEARCH_PLAN)
 
 
 @pytest.mark.parametrize("design", sorted(POOR_PLANS))
 def test_lab08_plan_test_fails_a_poor_design(lab08_plan, design):
     src, ns = lab08_plan
     code, why = POOR_PLANS[design]
-    exec(compile(code, "08_plan", "exec"), ns)
     with pytest.raises(AssertionError, match=why):
-        exec(compile(src["08_plan_test"], "08_plan_test", "exec"), ns)
+        grade(ns, src, "08_plan", "08_plan_test", code)
 
 
 # ---- lab 09's chunk-length rule (09_chunk_rule_test): graded on the lab's cost model ----------
