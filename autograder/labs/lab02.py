@@ -276,37 +276,29 @@ def growth_run(cache_cls, prompt, new_tokens: int, chunks=(), random_model=None)
         raise ValueError(f"{cache_cls.__name__}.for_model(model, batch_size) must build the class "
                          f"it is called on, cls(...), not a class it names (it returned a "
                          f"{type(cache).__module__}.{type(cache).__qualname__})")
-    passes, logits, tokens = [], [], []
+    passes = []
+    out = _greedy(model, cache, prompt, new_tokens, chunks,
+                  lambda held: passes.append([held, ledger.copied, ledger.held]))
+    return {**out, "passes": passes, "seq_len": getattr(cache, "seq_len", None)}
+
+
+def _greedy(model, cache, prompt, new_tokens: int, chunks=(), after_pass=None) -> dict:
+    """Greedy generation through `cache`: the prompt prefilled in pieces ending at `chunks`, then
+    one token a pass; `after_pass(positions held)` after every forward pass. The tokens and each
+    new token's logits."""
     bounds = [0, *chunks, prompt.shape[1]]
     pieces = [prompt[:, a:b] for a, b in zip(bounds, bounds[1:])]
-    held = 0
+    logits, tokens, held = [], [], 0
     with torch.no_grad():
         for step in range(len(pieces) + new_tokens - 1):
             ids = pieces[step] if step < len(pieces) else tokens[-1][:, None]
             held += ids.shape[1]
             last = model(ids, cache=cache)[:, -1]
-            passes.append([held, ledger.copied, ledger.held])
+            if after_pass is not None:
+                after_pass(held)
             if step >= len(pieces) - 1:
                 logits.append(last)
                 tokens.append(last.argmax(-1))
-    return {"tokens": torch.stack(tokens, 1), "logits": torch.stack(logits, 1),
-            "passes": passes, "seq_len": getattr(cache, "seq_len", None)}
-
-
-def growth_reference(prompt, new_tokens: int, chunks=(), random_model=None) -> dict:
-    """The same greedy generation with the course's static cache, in the tester."""
-    model = labs.shipped_model() if random_model is None else labs.random_model(*random_model)
-    cache = KVCache.for_model(model, prompt.shape[0], prompt.shape[1] + new_tokens)
-    bounds = [0, *chunks, prompt.shape[1]]
-    logits, tokens = [], []
-    with torch.no_grad():
-        for a, b in zip(bounds, bounds[1:]):
-            last = model(prompt[:, a:b], cache=cache)[:, -1]
-        for _ in range(new_tokens):
-            logits.append(last)
-            tokens.append(last.argmax(-1))
-            if len(tokens) < new_tokens:
-                last = model(tokens[-1][:, None], cache=cache)[:, -1]
     return {"tokens": torch.stack(tokens, 1), "logits": torch.stack(logits, 1)}
 
 
@@ -314,10 +306,13 @@ def check_growth(cache_cls, prompt, new_tokens: int, chunks=(), random_model=Non
     """Generation identical to the static cache's, then the two bounds, printed before they are
     checked: copied and held storage, in positions' worth, against GROWTH_FACTOR x the positions
     held (+ GROWTH_HEADROOM), after every forward pass."""
-    c = (labs.shipped_model() if random_model is None else labs.random_model(*random_model)).config
+    model = labs.shipped_model() if random_model is None else labs.random_model(*random_model)
+    c = model.config
     per_position = 2 * c.n_layers * prompt.shape[0] * c.n_kv_heads * c.head_dim * 4   # fp32
     run = growth_run(cache_cls, prompt, new_tokens, chunks, random_model=random_model)
-    want = growth_reference(prompt, new_tokens, chunks, random_model)
+    # the same generation through the course's static cache, in the tester
+    want = _greedy(model, KVCache.for_model(model, prompt.shape[0], prompt.shape[1] + new_tokens),
+                   prompt, new_tokens, chunks)
     where = f"{prompt.shape[0]} x {prompt.shape[1]}-token prompt, {new_tokens} new tokens"
     assert_tensor_close(run["logits"], want["logits"], 1e-4, f"next-token logits ({where})")
     got, ref = run["tokens"].tolist(), want["tokens"].tolist()
