@@ -3,6 +3,7 @@ SPEED_CHECK (speedcheck.py). Here: what several labs share."""
 from __future__ import annotations
 
 import importlib
+import numbers
 import pkgutil
 import re
 from types import ModuleType
@@ -40,6 +41,19 @@ def counted(model, fn, *args, **kwargs) -> tuple:
 
 def context_ids(vocab_size: int, n: int, seed: int) -> torch.Tensor:
     return torch.randint(1, vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def whole_number(value, lo: int, hi: int, call: str, hi_name: str = "") -> int:
+    """A design rule's answer as an int: any whole number (Python, NumPy or a one-element tensor;
+    never a bool or a string) in lo..hi, else AssertionError naming `call` and the range (with
+    the bound's name, `hi_name`, where it is an argument)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            not float(value).is_integer() or not lo <= value <= hi:
+        named = f"{lo}..{hi_name} = " if hi_name else ""
+        raise AssertionError(f"{call} returned {value!r}: an int in {named}{lo}..{hi}")
+    return int(value)
 
 
 def model_of(random=None):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from autograder.labs import args_after
+from autograder.labs import args_after, whole_number
 from autograder.labs.speedcheck import SpeedCheck, assert_tensor_close, one_torch_thread
 from autograder.probes import probe
 from autograder.timing import time_ratio
@@ -166,10 +166,8 @@ def check_split_rule(choose, shapes=SPLIT_SHAPES, *, quiet: bool = False) -> lis
     every shape; prints one line per shape unless quiet. Returns the rows."""
     rows, bad = [], []
     for (b, k, L, bs), s in zip(shapes, split_choices(choose, list(shapes), SPLIT_GPU["n_sm"])):
-        s = int(s) if not isinstance(s, bool) and float(s) == int(s) else s   # numpy ints too
-        if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= MAX_SPLITS:
-            raise AssertionError(f"choose_num_splits({b}, {k}, {L}, {bs}, "
-                                 f"{SPLIT_GPU['n_sm']}) returned {s!r}: an int in 1..{MAX_SPLITS}")
+        s = whole_number(s, 1, MAX_SPLITS,
+                         f"choose_num_splits({b}, {k}, {L}, {bs}, {SPLIT_GPU['n_sm']})")
         got, best = split_decode_us(b, k, L, s, bs), best_split_us(b, k, L, bs)
         ok = got <= best * (1 + SPLIT_TOLERANCE["relative"]) or \
             got <= best + SPLIT_TOLERANCE["absolute_us"]

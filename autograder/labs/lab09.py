@@ -68,26 +68,13 @@ def chunk_choices(choose, cases) -> list:
     return [choose(T, B, N, H, dict(machine)) for machine, T, B, N, H in cases]
 
 
-def _whole(c):
-    """c as an int when it is a whole number of any kind (not a bool), else c itself."""
-    if isinstance(c, bool):
-        return c
-    try:
-        return int(c) if float(c) == int(c) else c
-    except (TypeError, ValueError, OverflowError):
-        return c
-
-
 def check_chunk_rule(choose, cases=CHUNK_CASES, *, quiet: bool = False) -> list[dict]:
     """AssertionError unless the model's time at the rule's chunk is within CHUNK_TOLERANCE of the
     model's best on every case; prints one line per case unless quiet. Returns the rows."""
     picks = chunk_choices(choose, [(MACHINES[m], T, B, N, H) for m, T, B, N, H in cases])
     rows, bad = [], []
     for (m, T, B, N, H), c in zip(cases, picks):
-        c = _whole(c)                                                   # numpy / torch ints too
-        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= T:
-            raise AssertionError(f"choose_chunk({T}, {B}, {N}, {H}, <{m}>) returned {c!r}: an "
-                                 f"int in 1..T = 1..{T}")
+        c = labs.whole_number(c, 1, T, f"choose_chunk({T}, {B}, {N}, {H}, <{m}>)", "T")
         times = chunk_times_us(T, B, N, H, MACHINES[m])
         got, best = float(times[c - 1]), float(times.min())
         ok = got <= best * (1 + CHUNK_TOLERANCE)
