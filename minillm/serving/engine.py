@@ -50,7 +50,7 @@ class LLMEngine:
     def __init__(self, model, *, num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 16, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool = True, chunked_prefill: bool = False,
-                 backend: str = "auto", clock=None):
+                 backend: str = "auto", clock=None, runner=ModelRunner):
         ctx = model.config.max_seq_len
         if num_blocks is None:              # enough that max_num_seqs full contexts never evict
             num_blocks = max_num_seqs * cdiv(ctx, block_size)
@@ -59,7 +59,8 @@ class LLMEngine:
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs,
                                    max_num_batched_tokens or max(2048, ctx),
                                    enable_prefix_caching, chunked_prefill)
-        self.runner = ModelRunner(model, self.scheduler.block_manager, backend)
+        # runner: ModelRunner, or a class like it (minillm.parallel's rank-0 runner)
+        self.runner = runner(model, self.scheduler.block_manager, backend)
         self.clock = clock or time.perf_counter
         self.device = self.runner.device
         self.sequences: dict[int, list[Sequence]] = {}     # request id -> its sequence(s)

@@ -17,6 +17,8 @@ sequences run, the block manager where their tokens go.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..model import require_softmax_decoder
@@ -49,6 +51,20 @@ def last_rows(query_lens: list[int]) -> list[int]:
     return rows
 
 
+@dataclass
+class StepPlan:
+    """One step of the runner as plain values: block copies, the flattened tokens and their
+    positions, per-sequence new / context lengths, KV slots, block tables, sampled rows."""
+    copies: list
+    ids: list[int]
+    positions: list[int]
+    lens: list[int]
+    context_lens: list[int]
+    slots: list[int]
+    block_tables: list[list[int]]
+    rows: list[int]
+
+
 class ModelRunner:
     def __init__(self, model, block_manager: BlockManager, backend: str = "auto"):
         require_softmax_decoder(model, "the serving engine")
@@ -67,6 +83,11 @@ class ModelRunner:
         sampled[i] (default: all), in order.
 
         `copies` are the copy-on-write block copies the scheduler asked for this step."""
+        return self.execute(self.prepare(seqs, copies, num_new, sampled))
+
+    def prepare(self, seqs: list[Sequence], copies=(), num_new: list[int] | None = None,
+                sampled: list[bool] | None = None) -> StepPlan:
+        """The step as plain lists (what a tensor-parallel rank 0 sends its peers)."""
         if not seqs:
             raise ValueError("run() needs at least one sequence")
         ids, positions, lens = flatten_batch(seqs, num_new)
@@ -77,21 +98,29 @@ class ModelRunner:
         sampled = [True] * len(seqs) if sampled is None else list(sampled)
         if len(sampled) != len(seqs):
             raise ValueError(f"sampled has {len(sampled)} entries for {len(seqs)} sequences")
-        self.kv.copy_blocks(copies)
         slots = [slot for s, n in zip(seqs, lens) for slot in
                  self.bm.slot_mapping(s, range(s.num_cached_tokens, s.num_cached_tokens + n))]
-        self.kv.meta = AttentionMetadata.build(
-            lens, [s.num_cached_tokens + n for s, n in zip(seqs, lens)], slots,
-            [self.bm.block_table(s) for s in seqs], self.device)
-        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
-        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        rows = [r for r, keep in zip(last_rows(lens), sampled) if keep]
+        return StepPlan(list(copies), ids, positions, lens,
+                        [s.num_cached_tokens + n for s, n in zip(seqs, lens)], slots,
+                        [list(self.bm.block_table(s)) for s in seqs],
+                        [r for r, keep in zip(last_rows(lens), sampled) if keep])
+
+    @torch.no_grad()
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Run a prepared step: copy-on-write copies, the KV writes and attention through the
+        paged cache, the LM head on plan.rows -> logits [len(rows), V]."""
+        self.kv.copy_blocks(plan.copies)
+        self.kv.meta = AttentionMetadata.build(plan.lens, plan.context_lens, plan.slots,
+                                               plan.block_tables, self.device)
+        ids_t = torch.tensor(plan.ids, dtype=torch.long, device=self.device)[None]
+        pos_t = torch.tensor(plan.positions, dtype=torch.long, device=self.device)
         try:
             logits = self.model(ids_t, pos_t, cache=self.kv,
-                                rows=torch.tensor(rows, dtype=torch.long, device=self.device))
+                                rows=torch.tensor(plan.rows, dtype=torch.long,
+                                                  device=self.device))
         finally:
             self.kv.meta = None
-        self.tokens_run += len(ids)
+        self.tokens_run += len(plan.ids)
         self.forward_calls += 1
         return logits[0]                                              # [len(rows), V]
 
