@@ -109,3 +109,24 @@ def follow(rank: int, world: int, model_name: str, num_blocks: int, block_size: 
         if plan != _IDLE:
             runner.execute(plan)
             steps += 1
+
+
+def start_tp_serving(model_name: str, world: int, *, num_blocks: int, block_size: int,
+                     backend: str = "auto", threads: int = 1,
+                     timeout_s: float = DEFAULT_TIMEOUT_S):
+    """Start ranks 1..world-1 (`follow`) and shard the model for rank 0, this process:
+    (rank 0's model, the runner class to give `LLMEngine(runner=...)`)."""
+    import functools
+
+    import minillm
+
+    from ..model import require_softmax_decoder
+    from .launch import start_workers
+    from .shard import shard, shard_plan
+    full = minillm.load(model_name)
+    require_softmax_decoder(full, "tensor-parallel serving")
+    shard_plan(full.config, world, 0)                   # a bad world size: refuse before spawning
+    workers = start_workers(follow, world, model_name, num_blocks, block_size, backend,
+                            timeout_s, threads=threads, timeout_s=timeout_s)
+    return shard(full, 0, world), functools.partial(TPModelRunner, workers=workers,
+                                                    timeout_s=timeout_s)
