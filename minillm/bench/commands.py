@@ -25,7 +25,7 @@ def _load(name):
 def cmd_bench_decode(a) -> int:
     import minillm
 
-    from .bench.decode import DTYPES, bench_decode
+    from .decode import DTYPES, bench_decode
     dtypes = a.dtype.split(",")
     bad = [d for d in dtypes if d not in DTYPES]
     if bad:
@@ -54,8 +54,8 @@ def _tokens_match(t: dict) -> str:
 
 
 def cmd_bench_quant(a) -> int:
-    from .bench.quant import bench_quant
-    from .data import load_text
+    from ..data import load_text
+    from .quant import bench_quant
     model, tok = _load(a.model)
     prompt = tok.encode(load_text("val")[:20 * a.prompt_len])[:a.prompt_len]
     if len(prompt) < a.prompt_len:
@@ -79,7 +79,7 @@ def cmd_bench_quant(a) -> int:
 def cmd_bench_speculative(a) -> int:
     import minillm
 
-    from .bench.speculative import bench_speculative, repetitive_prompt
+    from .speculative import bench_speculative, repetitive_prompt
     target, draft = minillm.load(a.model), minillm.load(a.draft)
     tok = minillm.load_tokenizer(a.model)
     prompt = tok.encode(a.prompt)
@@ -110,7 +110,7 @@ def cmd_bench_speculative(a) -> int:
 def cmd_bench_batching(a) -> int:
     import minillm
 
-    from .bench.batching import bench_batching
+    from .batching import bench_batching
     model = minillm.load(a.model)
     r = {"model": a.model,
          **bench_batching(model, num_requests=a.requests, rate=a.rate, seed=a.seed,
@@ -165,7 +165,7 @@ def _probe_server(url: str) -> tuple[str, int]:
 
 def _median_summary(runs: list[dict]) -> dict:
     """Median of each latency figure across rounds; completed and errors summed."""
-    from .serving.metrics import percentile
+    from ..serving.metrics import percentile
     out = {"completed": sum(r["completed"] for r in runs),
            "requests": sum(r["requests"] for r in runs),
            "errors": sum(r["errors"] for r in runs)}
@@ -176,7 +176,7 @@ def _median_summary(runs: list[dict]) -> dict:
 
 
 def cmd_bench_serve(a) -> int:
-    from .bench.load_gen import Workload, load_test
+    from .load_gen import Workload, load_test
     rates = _parse_rates(a.rates)
     for name in ("requests", "prompt_len", "max_tokens", "max_num_seqs", "long_prompt_len",
                  "long_every", "chunk", "rounds"):
@@ -194,7 +194,7 @@ def cmd_bench_serve(a) -> int:
         served, ctx = _probe_server(url)
     import minillm
 
-    from .data import load_tokens
+    from ..data import load_tokens
     tok = minillm.load_tokenizer(a.model)    # with --url: only the prompts' tokenizer
     ids = load_tokens(tok, "val").tolist()
     model = None
@@ -224,7 +224,7 @@ def cmd_bench_serve(a) -> int:
         result["chunked"] = None
         return _report(a, result, _bench_serve_text)
 
-    from .serving.server import BackgroundServer
+    from ..serving.server import BackgroundServer
     settings.update(long_prompt_len=a.long_prompt_len, long_every=a.long_every, chunk=a.chunk,
                     chunk_rate=a.chunk_rate, rounds=a.rounds)
     old_threads = torch.get_num_threads()
