@@ -195,27 +195,57 @@ def test_a_rank_that_dies_hangs_or_raises_ends_the_run_with_a_clear_error(how):
     assert took < 4 + 20, took          # within the timeout (plus starting two interpreters)
 
 
-@pytest.mark.slow
-def test_serve_tp2_exits_with_a_clear_error_when_a_rank_dies():
+def _serve_tp2():
     proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--port", "0",
                              "--threads", "1", "--max-num-seqs", "4", "--tp", "2",
                              "--tp-timeout", "6"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not re.search(r"http://[\d.]+:\d+", line):
+        proc.kill()
+        raise AssertionError(proc.stderr.read())
+    kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                          text=True).stdout.split()
+    workers = [int(k) for k in kids if "spawn_main" in open(f"/proc/{k}/cmdline").read()]
+    assert len(workers) == 1, kids                  # rank 1
+    return proc, workers[0]
+
+
+def _gone(pid, within_s):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1][0] == "Z":       # exited, not yet reaped
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["rank 1 is killed", "rank 0 is killed", "SIGTERM"])
+def test_serve_tp2_never_outlives_a_lost_rank(who):
+    proc, worker = _serve_tp2()
     try:
-        line = proc.stdout.readline()
-        assert re.search(r"http://[\d.]+:\d+", line), proc.stderr.read()
-        kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                              text=True).stdout.split()
-        workers = [k for k in kids if "minillm" in open(f"/proc/{k}/cmdline").read()
-                   or "multiprocessing" in open(f"/proc/{k}/cmdline").read()]
-        assert workers, kids
-        for k in workers:
-            os.kill(int(k), signal.SIGKILL)
-        # no request needed: the idle server's heartbeat finds the dead rank
-        proc.wait(timeout=6 + 15)
-        err = proc.stderr.read()
-        assert proc.returncode == 1, err
-        assert "minillm: error:" in err and "rank" in err, err[-2000:]
-    finally:
-        if proc.poll() is None:
+        if who == "rank 1 is killed":
+            os.kill(worker, signal.SIGKILL)
+            # no request needed: the idle server's heartbeat finds the dead rank
+            proc.wait(timeout=6 + 15)
+            err = proc.stderr.read()
+            assert proc.returncode == 1, err
+            assert "minillm: error:" in err and "rank 1" in err, err[-2000:]
+        elif who == "rank 0 is killed":
             proc.kill()
+            assert _gone(worker, 6 + 15), "rank 1 outlived rank 0"
+        else:                                       # a clean stop tells rank 1 to return
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)
+            assert _gone(worker, 10), "rank 1 outlived a stopped server"
+    finally:
+        for pid in (proc.pid, worker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
