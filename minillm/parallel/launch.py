@@ -182,7 +182,10 @@ class Workers:
     def check(self) -> None:
         for r, p in enumerate(self.procs, start=1):
             if p.exitcode not in (None, 0):
-                raise RankFailure(f"rank {r} exited with code {p.exitcode}")
+                how = f"was killed by signal {-p.exitcode}" if p.exitcode < 0 else \
+                    f"exited with code {p.exitcode}"
+                raise RankFailure(f"tensor parallel rank {r} of {len(self.procs) + 1} {how}; "
+                                  f"the model cannot run without its shard")
 
     def close(self, wait_s: float = 10.0) -> None:
         for p in self.procs:
