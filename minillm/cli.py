@@ -158,24 +158,40 @@ def cmd_napkin(a) -> int:
 
 
 def cmd_serve(a) -> int:
+    from .parallel.launch import from_torchrun
     from .serving.server import serve
     _tp_threads(a)                                   # checks --tp
     kw = dict(max_num_seqs=a.max_num_seqs, kv_blocks=a.kv_blocks, block_size=a.block_size,
               max_batched_tokens=a.max_batched_tokens, backend=a.backend)
+    torchrun = from_torchrun()
+    if torchrun is not None:           # torchrun started this rank
+        if a.tp not in (1, torchrun[1]):
+            raise ValueError(f"--tp {a.tp} disagrees with torchrun's world size {torchrun[1]}")
+        a.tp = torchrun[1]
     if a.tp > 1:                       # rank 0 here serves; ranks 1.. follow its steps
         if a.device == "cuda":
             raise ValueError("--tp runs its ranks on the CPU (gloo); NCCL serving is not built")
         import minillm
         from kernels.intmath import cdiv
 
-        from .parallel.serving import start_tp_serving
+        from .parallel.serving import follow, start_tp_serving
         tok = minillm.load_tokenizer(a.model)
         ctx = minillm.load(a.model).config.max_seq_len
         kw["kv_blocks"] = a.kv_blocks or a.max_num_seqs * cdiv(ctx, a.block_size)
         torch.set_num_threads(_tp_threads(a))
+        if torchrun is not None and torchrun[0] != 0:        # a worker rank: follow rank 0
+            from .parallel.launch import close_group, init_group
+            init_group(torchrun[0], a.tp, "env://", timeout_s=a.tp_timeout)
+            try:
+                follow(torchrun[0], a.tp, a.model, kw["kv_blocks"], a.block_size, a.backend,
+                       a.tp_timeout)
+            finally:
+                close_group()
+            return 0
         model, kw["runner"] = start_tp_serving(
             a.model, a.tp, num_blocks=kw["kv_blocks"], block_size=a.block_size,
-            backend=a.backend, threads=_tp_threads(a), timeout_s=a.tp_timeout)
+            backend=a.backend, threads=_tp_threads(a), timeout_s=a.tp_timeout,
+            torchrun=torchrun is not None)
     else:
         model, tok = _load(a.model)
         if a.device == "cuda":

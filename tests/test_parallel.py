@@ -133,24 +133,32 @@ def _cli(*args, env=None, timeout=180):
 def test_generate_tp2_gives_the_tokens_of_tp1_as_a_command_and_under_torchrun():
     # sampled here (the same seed on every rank: the same draws); greedy under torchrun below,
     # and through `serve --tp 2` in tests/test_server.py
-    kw = ["--temperature", "0.9", "--top-p", "0.9", "--seed", "4"]
-    args = ["generate", PROMPT, "--max-new-tokens", "24", "--json", "--threads", "1", *kw]
-    one = json.loads(_cli(*args).stdout)
-    two = _cli(*args, "--tp", "2")
+    args = ["generate", PROMPT, "--max-new-tokens", "24", "--json", "--threads", "1"]
+    two = _cli(*args, "--temperature", "0.9", "--top-p", "0.9", "--seed", "4", "--tp", "2")
     assert two.returncode == 0, two.stderr
-    assert json.loads(two.stdout)["completion"] == one["completion"]
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    assert json.loads(two.stdout)["completion"] == _tp1(0.9, top_p=0.9, seed=4)
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = str(free.getsockname()[1])
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", port, "-m",
-                        "minillm", *args[:-2], "--temperature", "0"],
+                        "minillm", *args, "--temperature", "0"],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     assert len(lines) == 1 and lines[0]["tp"] == 2                  # rank 0 alone reports
-    greedy = json.loads(_cli(*args[:-2], "--temperature", "0").stdout)
-    assert lines[0]["completion"] == greedy["completion"]
+    assert lines[0]["completion"] == _tp1(0)
+
+
+def _tp1(temperature, **kw):
+    """What `minillm generate` prints at TP = 1 (its loop, in this process)."""
+    from minillm.generate import generate_naive
+    from minillm.sampling import SamplingParams
+    tok = minillm.load_tokenizer("target")
+    params = SamplingParams(temperature=temperature, max_new_tokens=24, stop_ids=(tok.eos_id,)
+                            if tok.eos_id is not None else (), **kw)
+    with torch.no_grad():
+        return tok.decode(generate_naive(minillm.load("target"), tok.encode(PROMPT), params)[0])
 
 
 def test_the_cli_refuses_a_bad_world_size_before_starting_ranks():
@@ -249,3 +257,30 @@ def test_serve_tp2_never_outlives_a_lost_rank(who):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.slow
+def test_serve_under_torchrun_answers_the_openai_client_with_the_tokens_of_tp1():
+    import openai
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    proc = subprocess.Popen([torchrun, "--nproc-per-node", "2", "--master-port", port, "-m",
+                             "minillm", "serve", "--port", "0", "--threads", "1",
+                             "--max-num-seqs", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"http://[\d.]+:\d+", line)
+        assert url, proc.stderr.read()[-2000:]
+        client = openai.OpenAI(base_url=url.group(0) + "/v1", api_key="none", max_retries=0,
+                               timeout=60)
+        got = client.completions.create(model="target", prompt=PROMPT, max_tokens=24,
+                                        temperature=0).choices[0].text
+        assert got == _tp1(0)
+        proc.send_signal(signal.SIGTERM)       # torchrun passes it on; rank 0 tells rank 1
+        assert proc.wait(timeout=30) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
