@@ -1,5 +1,5 @@
 """`minillm` command line (also `python -m minillm`): `generate`, `eval ppl|kv-variants`,
-`napkin`, `bench decode|quant|speculative|batching|serve`, `serve` (an OpenAI-compatible HTTP
+`napkin`, `bench decode|quant|speculative|batching|serve|tp`, `serve` (an OpenAI-compatible HTTP
 server) and `train` (as `python -m minillm.train`); `minillm COMMAND --help` gives the options.
 
 Commands that print figures share --json (one JSON object on stdout); those that run a model
@@ -209,6 +209,13 @@ def cmd_bench_batching(a) -> int:
         f"{r['static_tok_s']:.1f} tok/s, continuous {r['continuous_tok_s']:.1f} tok/s "
         f"({r['speedup']:.2f}x); p50 TTFT {r['static_ttft_p50_s']:.2f} s vs "
         f"{r['continuous_ttft_p50_s']:.2f} s"))
+
+
+def cmd_bench_tp(a) -> int:
+    from .bench.tp import WIDTHS, bench_tp, text
+    r = bench_tp(a.model, widths=a.widths or WIDTHS, layers=a.layers, context=a.context,
+                 repeats=a.repeats, quick=a.quick)
+    return _report(a, r, text)
 
 
 def cmd_serve(a) -> int:
@@ -521,6 +528,18 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--max-batch", type=int, default=32, help="batch limit of both servers")
     bb.add_argument("--block-size", type=int, default=16, help="KV block size (continuous)")
     bb.set_defaults(func=cmd_bench_batching)     # without --threads: both servers on 1 thread
+
+    bt = bsub.add_parser("tp", parents=[run], help="tensor parallelism on this CPU: the "
+                         "all-reduce and its fitted alpha and link, the step at TP = 1 and 2 "
+                         "over a sweep of widths against the napkin, the crossover, copies "
+                         "against split (lab 11)")
+    bt.add_argument("--quick", action="store_true", help="a few sizes and widths (tests)")
+    bt.add_argument("--widths", type=int, nargs="+", default=None,
+                    help="model widths D of the random-weight sweep (multiples of 128)")
+    bt.add_argument("--layers", type=int, default=2, help="layers of the sweep's models")
+    bt.add_argument("--context", type=int, default=16, help="cached tokens before the step")
+    bt.add_argument("--repeats", type=int, default=40, help="interleaved rounds per step")
+    bt.set_defaults(func=cmd_bench_tp)           # the ranks run 1 thread each (--threads: unused)
 
     bv = bsub.add_parser("serve", parents=[run], help="request-rate sweep and chunked vs whole "
                          "prefill over real HTTP (open-loop Poisson load, minillm/bench/"
