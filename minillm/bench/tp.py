@@ -74,8 +74,10 @@ WIDTHS = (256, 384, 512, 768, 1024, 1536, 2048, 3072)   # the sweep's model widt
 def _all_reduce_rank(rank: int, world: int, sizes, warmup: int, repeats: int) -> list:
     bufs = [torch.zeros(int(n)) for n in sizes]          # zeros: sums never overflow
     times = [[] for _ in sizes]
+    n = len(sizes)
     for r in range(warmup + repeats):
-        for i, buf in enumerate(bufs):
+        for i in [(r + j) % n for j in range(n)]:     # rotated: no size always follows another
+            buf = bufs[i]
             dist.barrier()
             t0 = perf_counter()
             dist.all_reduce(buf)
@@ -89,7 +91,9 @@ def time_all_reduce(sizes=ALL_REDUCE_SIZES, world: int = 2, repeats: int = 40,
                     warmup: int = 5, timeout_s: float = 60) -> list[dict]:
     """One gloo all-reduce (sum) of `n` float32 values between `world` ranks of 1 thread each,
     for each n in `sizes`: rows {floats, bytes, median_s, times_s} (rank 0's seconds per call,
-    each call after a barrier; sizes interleaved; `warmup` rounds dropped)."""
+    each call after a barrier; sizes interleaved, each round starting one size later, since a
+    small call right after the largest one was slower in every run here; `warmup` rounds
+    dropped)."""
     from ..parallel import run_ranks
     sizes = [int(n) for n in sizes]
     if not sizes or min(sizes) < 1 or world < 2:
