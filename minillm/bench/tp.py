@@ -437,10 +437,19 @@ def bench_tp(model: str = "target", *, widths=WIDTHS, sizes=ALL_REDUCE_SIZES, la
         else:
             fit_w = fit
         dims = [d for d in widths if (d // 64) % W == 0]
-        specs = {model: model, **{f"D={d}": width_config(d, layers) for d in dims}}
+        if not dims:
+            raise ValueError(f"no width in {list(widths)} splits over {W} ranks (heads of 64: "
+                             f"use multiples of {64 * W})")
+        from ..parallel import shard_plan
+        try:                             # the shipped model, where its heads split W ways
+            shard_plan(_config_of(model), W, 0)
+            specs, skipped = {model: model}, None
+        except ValueError as e:
+            specs, skipped = {}, str(e)
+        specs.update({f"D={d}": width_config(d, layers) for d in dims})
         widest = f"D={max(dims)}"
-        m = time_tp_steps(specs, W, context=context, repeats=repeats, copies=(model, widest),
-                          seed=seed)
+        m = time_tp_steps(specs, W, context=context, repeats=repeats,
+                          copies=[n for n in (model, widest) if n in specs], seed=seed)
         bw = m["bandwidth"]
         rows = []
         for name, spec in specs.items():
@@ -494,7 +503,7 @@ def bench_tp(model: str = "target", *, widths=WIDTHS, sizes=ALL_REDUCE_SIZES, la
                                "past_measured_crossover": None if meas is None
                                else r["dim"] > meas})
         out["worlds"][str(W)] = {
-            "fit": fit_w, "bandwidth": bw, "steps": rows,
+            "fit": fit_w, "bandwidth": bw, "steps": rows, "model_skipped": skipped,
             "crossover": {"measured_dim": meas, "measured_reason": meas_why,
                           "predicted_dim": pred, "predicted_reason": pred_why,
                           "in_step_alpha_s": fit_seen["alpha_s"],
@@ -522,7 +531,13 @@ def text(r: dict) -> str:
     lines.append(f"  worst ratio {r['all_reduce']['worst_ratio']:.2f} "
                  f"({'within' if r['all_reduce']['within_2x'] else 'NOT within'} 2x)")
     for W, w in r["worlds"].items():
-        lines += ["", f"TP = {W} (1 thread per rank) against TP = 1 on 1 thread and on {W} "
+        lines.append("")
+        if W != "2":
+            lines.append(f"all-reduce, {W} ranks: alpha {w['fit']['alpha_s'] * ms:.3f} ms, link "
+                         f"{w['fit']['link_bytes_per_s'] / 1e9:.2f} GB/s")
+        if w["model_skipped"]:
+            lines.append(f"{r['model']} is left out at TP = {W}: {w['model_skipped']}")
+        lines += [f"TP = {W} (1 thread per rank) against TP = 1 on 1 thread and on {W} "
                   f"threads; napkin in brackets, ms per step",
                   f"  {'model':<10} {'TP=1, 1 thr':>17} {'TP=1, ' + W + ' thr':>17} "
                   f"{'TP=' + W:>17} {'split/whole':>11} {'all-reduces':>17}"]
