@@ -124,6 +124,19 @@ def test_time_all_reduce_between_two_ranks():
         tp.time_all_reduce((96,), 1)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--widths", "100"], "multiple of head_dim"),
+    (["--widths", "192"], "multiples of 128"),
+    (["--repeats", "0"], "repeats must be a positive integer"),
+    (["--model", "no-such-model"], "unknown model"),
+])
+def test_cli_refuses_bad_options_before_timing(args, message, capsys):
+    from minillm.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "tp", *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_cli_quick_json():
     p = subprocess.run([sys.executable, "-m", "minillm", "bench", "tp", "--quick", "--json"],

@@ -76,7 +76,7 @@ def _all_reduce_rank(rank: int, world: int, sizes, warmup: int, repeats: int) ->
     times = [[] for _ in sizes]
     n = len(sizes)
     for r in range(warmup + repeats):
-        for i in [(r + j) % n for j in range(n)]:     # rotated: no size always follows another
+        for i in [(r + j) % n for j in range(n)]:     # rotated
             buf = bufs[i]
             dist.barrier()
             t0 = perf_counter()
@@ -91,9 +91,8 @@ def time_all_reduce(sizes=ALL_REDUCE_SIZES, world: int = 2, repeats: int = 40,
                     warmup: int = 5, timeout_s: float = 60) -> list[dict]:
     """One gloo all-reduce (sum) of `n` float32 values between `world` ranks of 1 thread each,
     for each n in `sizes`: rows {floats, bytes, median_s, times_s} (rank 0's seconds per call,
-    each call after a barrier; sizes interleaved, each round starting one size later, since a
-    small call right after the largest one was slower in every run here; `warmup` rounds
-    dropped)."""
+    each call after a barrier; sizes interleaved, each round starting one size later so that
+    no size always follows the same one; `warmup` rounds dropped)."""
     from ..parallel import run_ranks
     sizes = [int(n) for n in sizes]
     if not sizes or min(sizes) < 1 or world < 2:
@@ -419,6 +418,19 @@ def bench_tp(model: str = "target", *, widths=WIDTHS, sizes=ALL_REDUCE_SIZES, la
         repeats, all_reduce_repeats = QUICK["repeats"], QUICK["all_reduce_repeats"]
     cpus = os.cpu_count() or 1
     worlds = list(worlds or ([2, 4] if cpus >= 4 else [2]))
+    for name, v in (("repeats", repeats), ("all-reduce repeats", all_reduce_repeats),
+                    ("context", context), ("layers", layers)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not widths or any(w < 2 for w in worlds):
+        raise ValueError(f"need at least one width and world sizes >= 2, got {list(widths)}, "
+                         f"{worlds}")
+    for d in widths:                  # refused now, before a minute of timing
+        width_config(d, layers)
+        if d % 128:
+            raise ValueError(f"the width {d} has {d // 64} heads of 64, which 2 ranks cannot "
+                             f"split; use multiples of 128")
+    _config_of(model)
     ar = time_all_reduce(sizes, 2, repeats=all_reduce_repeats)
     fit = fit_all_reduce(ar, 2)
     for r in ar:
