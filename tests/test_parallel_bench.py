@@ -115,6 +115,7 @@ def test_crossover_predicted_is_where_the_napkins_cross():
     assert tp.crossover_predicted(fit, bw, 2, max_dim=256)[0] is None
 
 
+@pytest.mark.slow                       # two spawned ranks: 5-12 s on the shared 2-core box
 def test_time_all_reduce_between_two_ranks():
     rows = tp.time_all_reduce((96, 393216), 2, repeats=3, warmup=1)
     assert [r["floats"] for r in rows] == [96, 393216]

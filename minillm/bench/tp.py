@@ -1,6 +1,6 @@
 """`minillm bench tp`: tensor parallelism on this CPU, measured and held against the napkin.
 
-    minillm bench tp --json            # ~3 minutes on 2 cores; --quick for a smoke run
+    minillm bench tp --json            # ~1.5 minutes on 2 cores; --quick (~20 s) for tests
 
 Four measurements, all taken inside gloo ranks started by `minillm.parallel.run_ranks`:
 
