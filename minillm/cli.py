@@ -22,6 +22,7 @@ from .bench.commands import (
     cmd_bench_quant,
     cmd_bench_serve,
     cmd_bench_speculative,
+    cmd_bench_tp,
 )
 from .bench.commands import report as _report
 from .parallel.launch import RankFailure
@@ -333,6 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--max-batch", type=int, default=32, help="batch limit of both servers")
     bb.add_argument("--block-size", type=int, default=16, help="KV block size (continuous)")
     bb.set_defaults(func=cmd_bench_batching)     # without --threads: both servers on 1 thread
+
+    bt = bsub.add_parser("tp", parents=[run], help="tensor parallelism on this CPU: the "
+                         "all-reduce and its fitted alpha and link, the step at TP = 1 and 2 "
+                         "over a sweep of widths against the napkin, the crossover, copies "
+                         "against split (lab 11)")
+    bt.add_argument("--quick", action="store_true", help="a few sizes and widths (tests)")
+    bt.add_argument("--widths", type=int, nargs="+", default=None,
+                    help="model widths D of the random-weight sweep (multiples of 128)")
+    bt.add_argument("--layers", type=int, default=2, help="layers of the sweep's models")
+    bt.add_argument("--context", type=int, default=16, help="cached tokens before the step")
+    bt.add_argument("--repeats", type=int, default=40, help="interleaved rounds per step")
+    bt.set_defaults(func=cmd_bench_tp)           # the ranks run 1 thread each (--threads: unused)
 
     bv = bsub.add_parser("serve", parents=[run], help="request-rate sweep and chunked vs whole "
                          "prefill over real HTTP (open-loop Poisson load, minillm/bench/"

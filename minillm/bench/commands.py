@@ -123,6 +123,13 @@ def cmd_bench_batching(a) -> int:
         f"{r['continuous_ttft_p50_s']:.2f} s"))
 
 
+def cmd_bench_tp(a) -> int:
+    from .tp import WIDTHS, bench_tp, text
+    r = bench_tp(a.model, widths=a.widths or WIDTHS, layers=a.layers, context=a.context,
+                 repeats=a.repeats, quick=a.quick)
+    return _report(a, r, text)
+
+
 # the figures of a load_test summary that `bench serve` takes the median of across rounds
 _SERVE_KEYS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s",
                "throughput_tok_s")
