@@ -70,16 +70,18 @@ def cmd_generate(a) -> int:
     if not prompt:
         raise ValueError("the prompt is empty: give at least one character")
     t0 = time.perf_counter()
+    dt = None                           # with --tp: the generation's time, not the ranks' start
     if from_torchrun() is not None:     # torchrun started this rank: run its part, rank 0 reports
-        new, rank = _generate_torchrun(a, prompt, params)
+        out, rank = _generate_torchrun(a, prompt, params)
         if rank != 0:
             return 0
+        new, dt = out
     elif a.tp > 1:
         if a.steps is not None:
             raise ValueError("--steps is for a masked-diffusion model, which --tp does not split")
         from .parallel.generate import generate_tp
-        new = generate_tp(a.model, prompt, params, a.tp, threads=_tp_threads(a),
-                          timeout_s=a.tp_timeout)
+        new, dt = generate_tp(a.model, prompt, params, a.tp, threads=_tp_threads(a),
+                              timeout_s=a.tp_timeout)
     elif model.config.causal:
         from .generate import generate_naive
         if a.steps is not None:
@@ -92,7 +94,7 @@ def cmd_generate(a) -> int:
         steps = a.steps if a.steps is not None else max(1, a.max_new_tokens // 4)
         new, _ = sample(model, prompt, a.max_new_tokens, steps, temperature=a.temperature,
                         seed=a.seed)
-    dt = time.perf_counter() - t0
+    dt = time.perf_counter() - t0 if dt is None else dt
     return _report(a, {"model": a.model, "prompt": a.prompt, "completion": tok.decode(new),
                        "prompt_tokens": len(prompt), "new_tokens": len(new), "seconds": dt,
                        "tok_s": len(new) / dt if dt else None, "tp": a.tp},
