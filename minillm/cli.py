@@ -212,6 +212,10 @@ def cmd_bench_batching(a) -> int:
 
 
 def cmd_serve(a) -> int:
+    if a.replicas != 1:                 # N copies behind one front (serving/replicas.py)
+        from .serving.replicas import serve_replicas
+        return serve_replicas(a.model, a.replicas, threads=a.threads, host=a.host, port=a.port,
+                              engine_args=_serve_engine_args(a))
     from .serving.server import serve
     model, tok = _load(a.model)
     if a.device == "cuda":
@@ -221,6 +225,17 @@ def cmd_serve(a) -> int:
           max_batched_tokens=a.max_batched_tokens, backend=a.backend,
           on_ready=lambda msg: print(msg, flush=True))
     return 0
+
+
+def _serve_engine_args(a) -> list[str]:
+    """The engine options of `serve`, as each replica's command line takes them."""
+    args = ["--max-num-seqs", a.max_num_seqs, "--block-size", a.block_size,
+            "--backend", a.backend, "--device", a.device]
+    for flag, value in (("--kv-blocks", a.kv_blocks), ("--max-batched-tokens",
+                                                      a.max_batched_tokens)):
+        if value is not None:
+            args += [flag, value]
+    return [str(x) for x in args]
 
 
 # the figures of a load_test summary that `bench serve` takes the median of across rounds
@@ -562,6 +577,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "triton-split")
     sv.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     choices=["cpu", "cuda"])
+    sv.add_argument("--replicas", type=int, default=1,
+                    help="copies of the model, each its own server process, behind this one "
+                         "endpoint (least requests in flight first); --threads is divided "
+                         "between them (default total: every core)")
     sv.set_defaults(func=cmd_serve)
 
     t = sub.add_parser("train", help="train the tokenizer or a model (see python -m minillm.train)",
