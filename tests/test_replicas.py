@@ -5,6 +5,7 @@ One front is shared by the behaviour tests; the last test kills its replicas one
 more fronts are started only to be stopped: by SIGTERM once serving, and while loading.
 """
 import asyncio
+import concurrent.futures
 import re
 import signal
 import subprocess
@@ -201,18 +202,46 @@ def test_a_client_that_leaves_aborts_the_replicas_request(front):
     assert per_replica(m, "minillm_replica_requests_in_flight") == [0, 0]
 
 
+def wait_in_flight(url, timeout=10.0) -> int:
+    """The replica that has a request in flight, once one has."""
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = per_replica(metrics(url), "minillm_replica_requests_in_flight")
+        if any(busy):
+            return busy.index(1)
+        assert time.monotonic() < deadline, "no request reached a replica"
+        time.sleep(0.02)
+
+
 def test_killed_replicas_the_front_serves_on_then_exits(front, client):
-    """Last test of the module: it uses up the shared front."""
+    """Last test of the module: it uses up the shared front. A plain request on the replica
+    killed is answered by the other; a stream on the last one ends with an error."""
     proc, url, pids = front
-    subprocess.run(["kill", "-9", str(pids[0])], check=True)
-    for _ in range(4):          # every request answered, by the replica left
+    routed = per_replica(metrics(url), "minillm_replica_requests_routed_total")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        kw = dict(model=MODEL, prompt="ROMEO.\n", max_tokens=200, temperature=0)
+        long = pool.submit(client.completions.create, **kw)
+        first = wait_in_flight(url)
+        subprocess.run(["kill", "-9", str(pids[first])], check=True)
+        text = long.result().choices[0].text
+    other = 1 - first
+    now = per_replica(metrics(url), "minillm_replica_requests_routed_total")
+    assert now[first] - routed[first] == 1 and now[other] - routed[other] == 1   # sent again
+    assert text == client.completions.create(**kw).choices[0].text and len(text) > 200
+    for _ in range(3):          # every request answered, by the replica left
         r = client.completions.create(model=MODEL, prompt="ROMEO.", max_tokens=3)
         assert r.usage.completion_tokens == 3
     h = health(url)
     assert h.status_code == 503
-    assert [r["status"] for r in h.json()["replicas"]] == ["exited", "ok"]
-    assert per_replica(metrics(url), "minillm_replica_up") == [0, 1]
-    subprocess.run(["kill", "-9", str(pids[1])], check=True)
+    assert [r["status"] for r in h.json()["replicas"]][first] == "exited"
+    up = per_replica(metrics(url), "minillm_replica_up")
+    assert up[first] == 0 and up[other] == 1
+    stream = client.completions.create(model=MODEL, prompt="ROMEO.\n", max_tokens=300,
+                                       temperature=0, stream=True)
+    next(stream)
+    subprocess.run(["kill", "-9", str(pids[other])], check=True)
+    with pytest.raises(openai.APIError, match=f"replica {other} failed while streaming"):
+        list(stream)
     try:
         rc = proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
@@ -220,8 +249,8 @@ def test_killed_replicas_the_front_serves_on_then_exits(front, client):
         raise AssertionError("the front kept running with no replica left")
     err = proc.stderr.read()
     assert rc != 0
-    assert re.search(r"replica 0 \(pid \d+, http://\S+\) exited with code -9; routing to the "
-                     r"1 left", err), err
+    assert re.search(rf"replica {first} \(pid {pids[first]}, http://\S+\) exited with code -9; "
+                     r"routing to the 1 left", err), err
     assert "every replica has exited" in err
 
 

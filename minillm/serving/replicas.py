@@ -12,9 +12,10 @@ server-sent events. So a replica's 400 reaches the client as the same 400, and a
 closes its stream closes the replica's, which aborts the request there.
 
 GET /v1/models asks one replica; GET /health lists each replica (pid, URL, status) and is 200
-only when every one answers ok, 503 otherwise; GET /metrics is each replica's Prometheus text with a
-`replica="i"` label on every sample (not summed), plus the front's own per-replica series:
-minillm_replica_requests_routed_total, minillm_replica_requests_in_flight, minillm_replica_up.
+only when every one answers ok, 503 otherwise; GET /metrics is each replica's Prometheus text
+with a `replica="i"` label on every sample (not summed), plus the front's own per-replica
+series: minillm_replica_requests_routed_total, minillm_replica_requests_in_flight and
+minillm_replica_up.
 
 A replica that exits is no longer routed to (one line on stderr says so); when none is left the
 front stops and `serve_replicas` returns 1. SIGINT/SIGTERM stops the front, then every replica.
@@ -151,6 +152,7 @@ def build_front_app(front: Front, client):
         for _ in front.replicas:
             r = front.pick()
             r.in_flight += 1
+            r.routed += 1
             req = client.build_request("POST", r.url + path, content=body,
                                        headers={"content-type": "application/json"})
             try:
@@ -159,7 +161,7 @@ def build_front_app(front: Front, client):
                 r.in_flight -= 1
                 if not isinstance(e, httpx.TransportError):
                     raise
-                for _ in range(20):         # a dying process closes its sockets, then exits
+                for _ in range(100):        # a dying process closes its sockets, then exits
                     front.check()
                     if not r.alive:
                         break
@@ -168,7 +170,6 @@ def build_front_app(front: Front, client):
                     raise APIError(502, f"replica {r.index} failed: {e!r}",
                                    type_="server_error") from e
                 continue
-            r.routed += 1
             return r, resp
         raise APIError(503, "no replica accepted the request", type_="server_error")
 
@@ -181,7 +182,10 @@ def build_front_app(front: Front, client):
         while not sending.done():
             await asyncio.wait({sending}, timeout=0.25)
             if not sending.done() and await http.is_disconnected():
-                sending.cancel()
+                if not sending.cancel() and sending.exception() is None:   # answered meanwhile
+                    r, resp = sending.result()
+                    await resp.aclose()
+                    r.in_flight -= 1
                 return Response(status_code=499)
         r, resp = sending.result()
         media = resp.headers.get("content-type", "application/json")
