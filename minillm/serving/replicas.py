@@ -43,7 +43,9 @@ class Replica:
     def __init__(self, index: int, argv: list[str]):
         self.index, self.url, self.alive = index, None, True
         self.in_flight = self.routed = 0
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        # its own session: a terminal's Ctrl-C reaches the front only, which stops it by SIGTERM
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True)
         self._first_line: queue.Queue = queue.Queue()
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -56,12 +58,19 @@ class Replica:
                 print(f"[replica {self.index}] {line}", end="", flush=True)
         self._first_line.put("")
 
-    def wait_ready(self, timeout_s: float) -> None:
-        try:
-            line = self._first_line.get(timeout=timeout_s)
-        except queue.Empty:
+    def wait_ready(self, timeout_s: float, stopping: threading.Event) -> None:
+        """Until the replica prints its URL (or `stopping` is set); a RuntimeError if it
+        exits or stays silent for `timeout_s`."""
+        for _ in range(int(timeout_s * 10)):
+            try:
+                line = self._first_line.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if stopping.is_set():
+                    return
+        else:
             raise RuntimeError(f"replica {self.index} (pid {self.proc.pid}) printed no URL "
-                               f"within {timeout_s:.0f} s") from None
+                               f"within {timeout_s:.0f} s")
         m = READY.search(line)
         if not m:
             raise RuntimeError(f"replica {self.index} (pid {self.proc.pid}) did not start: it "
@@ -109,6 +118,7 @@ class Front:
     def __init__(self, replicas: list[Replica]):
         self.replicas, self._next = replicas, 0
         self.server = None              # the front's uvicorn server while it runs
+        self.stopping = threading.Event()       # set by SIGINT/SIGTERM
 
     def pick(self) -> Replica:
         alive = [r for r in self.replicas if r.alive]
@@ -272,24 +282,27 @@ def serve_replicas(model: str, replicas: int, *, threads: int | None = None,
     front = Front(started)
 
     def on_signal(_signum, _frame):
-        """SIGINT/SIGTERM: while replicas start, unwind to the `finally` below; once the front
-        runs, stop it (uvicorn's own handler does that, then raises the signal again here)."""
-        if front.server is None:
-            raise SystemExit(0)
-        front.server.should_exit = True
+        """SIGINT/SIGTERM: start no more replicas, or stop the front once it runs (uvicorn's own
+        handler does that while it serves, then raises the signal again here)."""
+        front.stopping.set()
+        if front.server is not None:
+            front.server.should_exit = True
 
     main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, on_signal)
                 for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         for i in range(replicas):
-            started.append(Replica(i, replica_argv(model, each, list(engine_args))))
+            if not front.stopping.is_set():
+                started.append(Replica(i, replica_argv(model, each, list(engine_args))))
         try:
             for r in started:
-                r.wait_ready(start_timeout_s)
+                r.wait_ready(start_timeout_s, front.stopping)
         except RuntimeError as e:
             print(f"minillm serve: error: {e}", file=sys.stderr, flush=True)
             return 1
+        if front.stopping.is_set():
+            return 0
         return asyncio.run(_run_front(front, host, port, on_ready, each, model, httpx))
     finally:
         for r in started:
@@ -302,6 +315,8 @@ async def _run_front(front: Front, host, port, on_ready, each, model, httpx) -> 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5), limits=limits) as client:
         server = front.server = _uvicorn_server(build_front_app(front, client), host, port)
+        if front.stopping.is_set():     # a signal came before on_signal could see the server
+            return 0
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
