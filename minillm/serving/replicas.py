@@ -4,7 +4,8 @@
 
 The lecture's easy parallelism. Each replica is an ordinary `minillm serve` child process on a
 free loopback port (`--port 0`, its URL read from the line it prints when ready) with the front's
-engine options and `--threads` divided between the copies. The front (FastAPI + uvicorn, like
+engine options (--tp too: then each copy is itself split) and `--threads` divided between every
+process. The front (FastAPI + uvicorn, like
 server.py) owns the user's --host/--port and never loads the model: it forwards each
 /v1/completions and /v1/chat/completions body, untouched, to the replica with the fewest requests
 in flight (ties: round-robin), and passes the answer back as it comes -- status, JSON body or
@@ -268,16 +269,17 @@ def build_front_app(front: Front, client):
 
 
 def serve_replicas(model: str, replicas: int, *, threads: int | None = None,
-                   engine_args: list[str] = (), host: str = "127.0.0.1", port: int = 8000,
-                   on_ready=print, start_timeout_s: float = 300) -> int:
-    """Start `replicas` copies of `minillm serve --model model ...engine_args`, each with
-    `threads` (default os.cpu_count()) divided between them, and serve the front until
-    SIGINT/SIGTERM (0) or until every replica has exited (1). Stops every replica on return."""
+                   engine_args: list[str] = (), ranks_each: int = 1, host: str = "127.0.0.1",
+                   port: int = 8000, on_ready=print, start_timeout_s: float = 300) -> int:
+    """Start `replicas` copies of `minillm serve --model model ...engine_args` (each of
+    `ranks_each` processes when engine_args has --tp) with `threads` in all (default
+    os.cpu_count()) divided between every process, and serve the front until SIGINT/SIGTERM (0)
+    or until every replica has exited (1). Stops every replica on return."""
     if replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {replicas}")
     _need_web()
     import httpx
-    each = max(1, (threads or os.cpu_count() or 1) // replicas)
+    each = max(1, (threads or os.cpu_count() or 1) // (replicas * ranks_each))
     started: list[Replica] = []
     front = Front(started)
 
@@ -322,7 +324,7 @@ async def _run_front(front: Front, host, port, on_ready, each, model, httpx) -> 
             await asyncio.sleep(0.02)
         if server.started:
             on_ready(f"minillm serve: {model} on {_bound_url(server, host)} (OpenAI API under "
-                     f"/v1; {len(front.replicas)} replicas of {each} thread(s) each)")
+                     f"/v1; {len(front.replicas)} replicas, {each} thread(s) per process)")
         rc = 0
         while not task.done():
             await asyncio.wait({task}, timeout=0.2)
