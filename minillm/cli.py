@@ -164,6 +164,10 @@ def cmd_serve(a) -> int:
     from .parallel.launch import from_torchrun
     from .serving.server import serve
     _tp_threads(a)                                   # checks --tp
+    if a.replicas != 1:                 # N copies behind one front (serving/replicas.py)
+        from .serving.replicas import serve_replicas
+        return serve_replicas(a.model, a.replicas, threads=a.threads, host=a.host, port=a.port,
+                              engine_args=_serve_engine_args(a), ranks_each=a.tp)
     kw = dict(max_num_seqs=a.max_num_seqs, kv_blocks=a.kv_blocks, block_size=a.block_size,
               max_batched_tokens=a.max_batched_tokens, backend=a.backend)
     torchrun = from_torchrun()
@@ -202,6 +206,19 @@ def cmd_serve(a) -> int:
     serve(model, tok, a.model, host=a.host, port=a.port,
           on_ready=lambda msg: print(msg, flush=True), **kw)
     return 0
+
+
+def _serve_engine_args(a) -> list[str]:
+    """The engine options of `serve`, as each replica's command line takes them."""
+    args = ["--max-num-seqs", a.max_num_seqs, "--block-size", a.block_size,
+            "--backend", a.backend, "--device", a.device]
+    for flag, value in (("--kv-blocks", a.kv_blocks), ("--max-batched-tokens",
+                                                      a.max_batched_tokens)):
+        if value is not None:
+            args += [flag, value]
+    if a.tp > 1:
+        args += ["--tp", a.tp, "--tp-timeout", a.tp_timeout]
+    return [str(x) for x in args]
 
 
 def _tp_options(parser) -> None:
@@ -390,6 +407,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     choices=["cpu", "cuda"])
     _tp_options(sv)
+    sv.add_argument("--replicas", type=int, default=1,
+                    help="copies of the model, each its own server process (of --tp ranks), "
+                         "behind this one endpoint (least requests in flight first); --threads "
+                         "is then the total, divided between every process (default: every core)")
     sv.set_defaults(func=cmd_serve)
 
     t = sub.add_parser("train", help="train the tokenizer or a model (see python -m minillm.train)",
