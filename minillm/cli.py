@@ -48,11 +48,12 @@ def _load_tokenizer(name):
 
 
 def _tp_threads(a) -> int:
-    """--threads with --tp: torch threads per rank (default: the cores shared out)."""
+    """Torch threads per rank with --tp: --threads (default: the cores) is the total, shared
+    out over the ranks, as `serve --replicas` shares it over its copies."""
     import os
     if a.tp < 1:
         raise ValueError(f"--tp must be >= 1 (the number of ranks), got {a.tp}")
-    return a.threads if a.threads is not None else max(1, (os.cpu_count() or 1) // a.tp)
+    return max(1, (a.threads or os.cpu_count() or 1) // a.tp)
 
 
 def cmd_generate(a) -> int:
@@ -225,7 +226,7 @@ def _tp_options(parser) -> None:
     from .parallel.launch import DEFAULT_TIMEOUT_S
     parser.add_argument("--tp", type=int, default=1,
                         help="tensor parallelism: split the model over this many ranks "
-                             "(spawned processes on gloo; --threads is then per rank)")
+                             "(spawned processes on gloo; --threads, the total, is shared out)")
     parser.add_argument("--tp-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds a rank waits for its peers before it gives up "
                              "(a rank that died or hung)")

@@ -249,8 +249,10 @@ def test_serve_tp2_never_outlives_a_lost_rank(who):
             assert _gone(worker, 6 + 15), "rank 1 outlived rank 0"
         else:                                       # a clean stop tells rank 1 to return
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=15)
+            assert proc.wait(timeout=15) == 0
             assert _gone(worker, 10), "rank 1 outlived a stopped server"
+            err = proc.stderr.read()           # rank 1 was told to stop: it did not lose rank 0
+            assert "rank 1:" not in err and "Traceback" not in err, err[-2000:]
     finally:
         for pid in (proc.pid, worker):
             try:

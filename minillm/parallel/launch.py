@@ -89,14 +89,16 @@ def _child(rank, world, init_method, timeout_s, threads, device, fn, args, resul
         init_group(rank, world, init_method, timeout_s=timeout_s, device=device)
         value = fn(rank, world, *args)
         # by value (plain pickle): tensors in torch's shared memory would vanish with this rank
-        results.put((rank, "ok", pickle.dumps(value)))
+        if results is not None:
+            results.put((rank, "ok", pickle.dumps(value)))
     except BaseException as e:                 # noqa: BLE001 -- reported to the launcher
         if not isinstance(e, RankFailure) and dist.is_initialized() and \
                 type(e).__name__ in ("RuntimeError", "DistBackendError", "DistError"):
             e = explain(e, timeout_s)
         message = str(e) if isinstance(e, RankFailure) else \
             "".join(traceback.format_exception_only(type(e), e)).strip()
-        results.put((rank, "error", message))
+        if results is not None:
+            results.put((rank, "error", message))
         print(f"minillm tensor parallel, rank {rank}: {message}", file=sys.stderr, flush=True)
         os._exit(1)
     close_group()
@@ -176,8 +178,8 @@ class Workers:
     group as rank 0 (`start_workers`). `check()` raises RankFailure if one has died; `close()`
     waits for them to return and kills any that do not."""
 
-    def __init__(self, procs, errors, timeout_s):
-        self.procs, self.errors, self.timeout_s = procs, errors, timeout_s
+    def __init__(self, procs, timeout_s):
+        self.procs, self.timeout_s = procs, timeout_s
 
     def check(self) -> None:
         for r, p in enumerate(self.procs, start=1):
@@ -201,10 +203,10 @@ def start_workers(fn, world: int, *args, threads: int = 1,
     """Start ranks 1..world-1 (spawned processes running fn(rank, world, *args)) and join the
     group as rank 0 in this process."""
     ctx = mp.get_context("spawn")
-    errors = ctx.SimpleQueue()
     init = f"file://{_store_file()}"
+    # no result queue: a worker reports by its exit code and its stderr line
     procs = [ctx.Process(target=_child, name=f"minillm-tp-rank{r}",
-                         args=(r, world, init, timeout_s, threads, device, fn, args, errors),
+                         args=(r, world, init, timeout_s, threads, device, fn, args, None),
                          daemon=True) for r in range(1, world)]
     for p in procs:
         p.start()
@@ -214,4 +216,4 @@ def start_workers(fn, world: int, *args, threads: int = 1,
         for p in procs:
             p.kill()
         raise
-    return Workers(procs, errors, timeout_s)
+    return Workers(procs, timeout_s)

@@ -279,7 +279,9 @@ def serve_replicas(model: str, replicas: int, *, threads: int | None = None,
         raise ValueError(f"--replicas must be >= 1, got {replicas}")
     _need_web()
     import httpx
-    each = max(1, (threads or os.cpu_count() or 1) // (replicas * ranks_each))
+    # each replica gets its share of the total as ITS --threads (a split replica shares that
+    # out over its ranks again, minillm.cli._tp_threads); at least 1 thread per process
+    each = max(ranks_each, (threads or os.cpu_count() or 1) // replicas)
     started: list[Replica] = []
     front = Front(started)
 

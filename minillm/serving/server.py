@@ -24,6 +24,7 @@ cell (the grader runs locked setup cells in its tester too: autograder/tester.py
 # no `from __future__ import annotations`: FastAPI reads the handlers' annotations at run time
 import asyncio
 import json
+import signal
 import threading
 import time
 
@@ -288,9 +289,17 @@ def serve(model, tokenizer, model_name: str, *, host: str = "127.0.0.1", port: i
             await asyncio.wait({task}, timeout=0.2)
         await task
 
+    # uvicorn stops on SIGINT/SIGTERM and then raises the signal again; handled here, that ends
+    # in the cleanup below (a tensor-parallel server tells its ranks to stop) instead of the
+    # default action killing the process before it
+    stopped = {sig: signal.signal(sig, lambda *_: None)
+               for sig in (signal.SIGINT, signal.SIGTERM)} \
+        if threading.current_thread() is threading.main_thread() else {}
     try:
         asyncio.run(main())
     finally:
+        for sig, handler in stopped.items():
+            signal.signal(sig, handler)
         engine_loop.stop()
         close = getattr(engine_loop.engine.runner, "close", None)
         if close is not None:                 # a tensor-parallel runner: stop its workers
