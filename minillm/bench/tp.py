@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import numpy as np
 import torch
@@ -195,6 +196,8 @@ def _step_rank(rank: int, world: int, specs, context: int, warmup: int, repeats:
             fn()
             dt = perf_counter() - t0
             torch.set_num_threads(1)
+            if threads > 1:           # OpenMP's idle workers spin on for a while: let them
+                time.sleep(0.02)      # sleep, or they take the core a peer's next step runs on
         dist.barrier()
         return dt
 
