@@ -93,42 +93,55 @@ class CollectiveLog(TorchDispatchMode):
 
 def kept_bytes(module) -> int:
     """Bytes of every tensor storage `module` keeps alive: parameters, buffers and tensors held
-    in attributes (or lists, tuples and dicts of them) of it and its submodules, each storage
-    counted once and whole."""
-    seen: dict[int, int] = {}
+    in attributes of it and of every module it reaches (submodules, or modules and tensors kept
+    in lists, tuples and dicts), each storage counted once and whole."""
+    storages: dict[int, int] = {}
+    seen: set[int] = set()
+    todo = [module]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            s = obj.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, torch.nn.Module):
+            todo.extend(vars(obj).values())      # _parameters, _buffers, _modules, attributes
+    return sum(storages.values())
 
-    def add(t):
-        if isinstance(t, torch.Tensor):
-            s = t.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
-        elif isinstance(t, (list, tuple)):
-            for v in t:
-                add(v)
-        elif isinstance(t, dict):
-            for v in t.values():
-                add(v)
 
-    mods = module.modules() if isinstance(module, torch.nn.Module) else [module]
-    for m in mods:
-        for v in vars(m).values():
-            add(v)
-    return sum(seen.values())
+def _yours(rank, what, fn, *args):
+    """fn(*args); an exception of the student's code says so (run_ranks would otherwise call a
+    RuntimeError of the rank's "a collective failed")."""
+    try:
+        return fn(*args)
+    except Exception as e:              # noqa: BLE001 -- reported with its type
+        if type(e).__name__.startswith("Dist"):
+            raise                       # gloo's own: a peer died or hung (run_ranks explains)
+        raise AssertionError(f"rank {rank}: {what} raised {type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:300] if str(e) else ''}") from e
 
 
 def _block_rank(rank, world, shard_block, shape, seed, batch, T):
     block = random_block(shape, seed)
-    part = shard_block(block, rank, world)
+    part = _yours(rank, "shard_block(block, rank, world)", shard_block, block, rank, world)
     if not isinstance(part, torch.nn.Module):
         raise TypeError(f"shard_block returned {type(part).__name__}: return a torch.nn.Module "
                         f"whose forward takes (x, cos, sin, positions, cache=None)")
     del block
     x, cos, sin = block_input(shape, seed, batch, T)
     with torch.no_grad(), CollectiveLog() as log:
-        out = part(x, cos, sin, None)
+        out = _yours(rank, "the split block's forward", part, x, cos, sin, None)
     # a tensor crosses run_ranks' queue as a shared-memory handle the exiting rank takes
     # with it: send the values
-    return {"output": out.detach().tolist(), "collectives": log.names,
-            "bytes": kept_bytes(part)}
+    result = {"output": out.detach().tolist(), "collectives": log.names, "bytes": kept_bytes(part)}
+    torch.distributed.barrier()             # see _refusal_rank
+    return result
 
 
 @probe
@@ -146,10 +159,15 @@ def _refusal_rank(rank, world, shard_block, shape, seed):
     try:
         shard_block(random_block(shape, seed), rank, world)
     except ValueError as e:
-        return f"ValueError: {e}"
+        said = f"ValueError: {e}"
     except Exception as e:          # noqa: BLE001 -- reported as what it was
-        return f"{type(e).__name__}: {e}"
-    return None
+        said = f"{type(e).__name__}: {e}"
+    else:
+        said = None
+    # every rank waits for the others before leaving: a rank that leaves the group while a
+    # peer is still joining it makes that peer fail ("Connection closed by peer")
+    torch.distributed.barrier()
+    return said
 
 
 @probe
@@ -195,7 +213,11 @@ def check_block(shard_block, case: str, seed: int, world: int = 2, *, what=("out
 
 
 def _tokens_rank(rank, world, shard_block, model, prompt, n_new):
-    return greedy(split_model(model, rank, world, shard_block), prompt, n_new)
+    local = _yours(rank, "shard_block on a layer of the target", split_model, model, rank, world,
+                   shard_block)
+    tokens = _yours(rank, "the split target's forward", greedy, local, prompt, n_new)
+    torch.distributed.barrier()             # see _refusal_rank
+    return tokens
 
 
 @torch.no_grad()
