@@ -214,6 +214,7 @@ def test_bench_serve_names_an_unreachable_url_and_bad_options(run):
     (["eval", "ppl", "--quant", "int5"], "invalid choice"),
     (["eval", "ppl", "--model", "draft", "--quant", "int4-g64"], "mlp.down_proj (352 -> 128)"),
     (["napkin", "--kv-heads", "7"], "kv_heads"),
+    (["serve", "--replicas", "0"], "--replicas must be >= 1, got 0"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(run, args, message):
     p = run(*args, ok=False)

@@ -48,9 +48,15 @@ def stop_server(proc: subprocess.Popen) -> None:
         raise AssertionError("the server did not stop on SIGTERM")
 
 
-@pytest.fixture(scope="module", params=["whole prompts", "chunked prefill"])
+# "tensor parallel": the same server with the model split over 2 ranks (issue 49): every test
+# here then checks that the OpenAI API works unchanged in front of it, with the tokens of TP = 1
+SERVERS = {"whole prompts": (), "chunked prefill": ("--max-batched-tokens", "32"),
+           "tensor parallel": ("--tp", "2")}
+
+
+@pytest.fixture(scope="module", params=list(SERVERS))
 def server(request):
-    extra = ("--max-batched-tokens", "32") if request.param == "chunked prefill" else ()
+    extra = SERVERS[request.param]
     proc, url = start_server(*extra)
     try:
         yield url

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -87,7 +88,8 @@ def _child(rank, world, init_method, timeout_s, threads, device, fn, args, resul
     try:
         init_group(rank, world, init_method, timeout_s=timeout_s, device=device)
         value = fn(rank, world, *args)
-        results.put((rank, "ok", value))
+        # by value (plain pickle): tensors in torch's shared memory would vanish with this rank
+        results.put((rank, "ok", pickle.dumps(value)))
     except BaseException as e:                 # noqa: BLE001 -- reported to the launcher
         if not isinstance(e, RankFailure) and dist.is_initialized() and \
                 type(e).__name__ in ("RuntimeError", "DistBackendError", "DistError"):
@@ -133,18 +135,22 @@ def run_ranks(fn, world: int, *args, threads: int = 1, timeout_s: float = DEFAUL
             item = _poll(results)
             if item is not None:
                 rank, kind, value = item
-                (got if kind == "ok" else errors)[rank] = value
+                if kind == "ok":
+                    got[rank] = pickle.loads(value)
+                else:
+                    errors[rank] = value
                 continue
             for r, p in enumerate(procs):
                 if r not in got and r not in errors and p.exitcode not in (None, 0):
                     # gone without a word: killed by a signal, or the interpreter died
                     errors[r] = f"exited with code {p.exitcode} (killed or crashed)"
             if errors and deadline_after_failure is None:
-                deadline_after_failure = time.monotonic() + timeout_s + 5
+                # the others' collectives fail at once (a closed socket) or time out together
+                deadline_after_failure = time.monotonic() + min(timeout_s, 5.0) + 1
             if deadline_after_failure and time.monotonic() > deadline_after_failure:
                 for r in range(world):
                     if r not in got and r not in errors:
-                        errors[r] = f"did not exit within {timeout_s:g} s of a peer's failure"
+                        errors[r] = "did not answer after a peer's failure (hung: killed)"
                 break
     finally:
         for p in procs:
@@ -176,7 +182,10 @@ class Workers:
     def check(self) -> None:
         for r, p in enumerate(self.procs, start=1):
             if p.exitcode not in (None, 0):
-                raise RankFailure(f"rank {r} exited with code {p.exitcode}")
+                how = f"was killed by signal {-p.exitcode}" if p.exitcode < 0 else \
+                    f"exited with code {p.exitcode}"
+                raise RankFailure(f"tensor parallel rank {r} of {len(self.procs) + 1} {how}; "
+                                  f"the model cannot run without its shard")
 
     def close(self, wait_s: float = 10.0) -> None:
         for p in self.procs:

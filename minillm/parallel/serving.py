@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch.distributed as dist
 
 from ..serving.model_runner import ModelRunner, StepPlan
-from .launch import DEFAULT_TIMEOUT_S, RankFailure, explain
+from .launch import DEFAULT_TIMEOUT_S, RankFailure, close_group, explain
 
 _STOP, _IDLE = "stop", "idle"
 
@@ -89,6 +89,8 @@ class TPModelRunner(ModelRunner):
                     pass
         if self.workers is not None:
             self.workers.close()
+        else:
+            close_group()
 
 
 def follow(rank: int, world: int, model_name: str, num_blocks: int, block_size: int,
@@ -109,3 +111,29 @@ def follow(rank: int, world: int, model_name: str, num_blocks: int, block_size: 
         if plan != _IDLE:
             runner.execute(plan)
             steps += 1
+
+
+def start_tp_serving(model_name: str, world: int, *, num_blocks: int, block_size: int,
+                     backend: str = "auto", threads: int = 1,
+                     timeout_s: float = DEFAULT_TIMEOUT_S, torchrun: bool = False):
+    """Rank 0's model and the runner class to give `LLMEngine(runner=...)`. Spawns ranks
+    1..world-1 (`follow`), or, with torchrun=True, joins the group torchrun's processes form
+    (the other ranks run `follow` themselves: see minillm.cli)."""
+    import functools
+
+    import minillm
+
+    from ..model import require_softmax_decoder
+    from .launch import init_group, start_workers
+    from .shard import shard, shard_plan
+    full = minillm.load(model_name)
+    require_softmax_decoder(full, "tensor-parallel serving")
+    shard_plan(full.config, world, 0)                   # a bad world size: refuse before spawning
+    if torchrun:
+        init_group(0, world, "env://", timeout_s=timeout_s)
+        workers = None
+    else:
+        workers = start_workers(follow, world, model_name, num_blocks, block_size, backend,
+                                timeout_s, threads=threads, timeout_s=timeout_s)
+    return shard(full, 0, world), functools.partial(TPModelRunner, workers=workers,
+                                                    timeout_s=timeout_s)

@@ -29,6 +29,7 @@ import time
 
 from .async_engine import EngineLoop
 from .engine import LLMEngine
+from .model_runner import ModelRunner
 from .openai_api import APIError, Detokenizer, Request, choice, envelope, new_id, parse_json, usage
 
 
@@ -240,11 +241,13 @@ def prometheus_text(engine_loop: EngineLoop) -> str:
 
 def make_engine_loop(model, *, max_num_seqs: int = 16, kv_blocks: int | None = None,
                      block_size: int = 16, max_batched_tokens: int | None = None,
-                     backend: str = "auto") -> EngineLoop:
-    """An engine thread over `model`; max_batched_tokens turns on chunked prefill."""
+                     backend: str = "auto", runner=ModelRunner) -> EngineLoop:
+    """An engine thread over `model`; max_batched_tokens turns on chunked prefill; `runner` is
+    the engine's model runner class (minillm.parallel's for a tensor-parallel model)."""
     engine = LLMEngine(model, num_blocks=kv_blocks, block_size=block_size,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
-                       chunked_prefill=max_batched_tokens is not None, backend=backend)
+                       chunked_prefill=max_batched_tokens is not None, backend=backend,
+                       runner=runner)
     return EngineLoop(engine)
 
 
@@ -263,10 +266,14 @@ def _bound_url(server, host: str) -> str:
 def serve(model, tokenizer, model_name: str, *, host: str = "127.0.0.1", port: int = 8000,
           on_ready=print, **engine_kw) -> None:
     """Serve until SIGINT/SIGTERM; `on_ready(message)` gets the URL once the port is bound
-    (port 0 picks a free one)."""
+    (port 0 picks a free one). If the engine stops (a broken step; with tensor parallelism, a
+    rank that died or hung), the server shuts down and the engine's error is raised."""
     _need_web()
     engine_loop = make_engine_loop(model, **engine_kw)
     server = _uvicorn_server(build_app(engine_loop, tokenizer, model_name), host, port)
+
+    def failure():          # the engine's error, or the runner's (a tensor-parallel rank lost)
+        return engine_loop.error or getattr(engine_loop.engine.runner, "error", None)
 
     async def main():
         task = asyncio.create_task(server.serve())
@@ -275,12 +282,21 @@ def serve(model, tokenizer, model_name: str, *, host: str = "127.0.0.1", port: i
         if server.started:
             on_ready(f"minillm serve: {model_name} on {_bound_url(server, host)} "
                      f"(OpenAI API under /v1)")
+        while not task.done():
+            if failure() is not None:
+                server.should_exit = True
+            await asyncio.wait({task}, timeout=0.2)
         await task
 
     try:
         asyncio.run(main())
     finally:
         engine_loop.stop()
+        close = getattr(engine_loop.engine.runner, "close", None)
+        if close is not None:                 # a tensor-parallel runner: stop its workers
+            close()
+    if failure() is not None:
+        raise failure()
 
 
 class BackgroundServer:
