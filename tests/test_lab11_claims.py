@@ -38,7 +38,7 @@ def lab11():
     _run(ns, _by_id("11_setup"), "11_setup")
     ns["napkin_printed"] = _run(ns, NB.starting("# lab 01's napkin"), "11_napkin")
     _run(ns, _by_id("11_shard_block"), "11_shard_block")
-    ns["allreduce_printed"] = _run(ns, NB.starting("AR_SIZES"), "11_allreduce")
+    ns["allreduce_printed"] = _run(ns, NB.starting("W = 2"), "11_allreduce")
     ns["step_printed"] = _run(ns, NB.starting("WIDTHS"), "11_step")
     plt.close("all")
     yield ns
@@ -91,10 +91,11 @@ def test_the_fitted_alpha_lies_in_the_range_the_text_gives(lab11):
     alpha_ms = lab11["alpha"] * 1e3
     assert lo <= alpha_ms <= hi, f"fitted alpha {alpha_ms:.3f} ms, the text says {lo}-{hi} ms"
     assert f"{lo}–{hi} ms fitted in every run" in SLIDES.read_text()
-    # the small messages sit on the fit, as the text says ("follows the small ones closely")
-    for n in lab11["AR_SIZES"][:3]:
-        ratio = lab11["ar_s"][n] / lab11["all_reduce_napkin"](n)
-        assert 0.5 <= ratio <= 2.0, f"{n} floats: measured {ratio:.2f}x the fit"
+    # "the fit follows most points within 2x"
+    ratios = [r["median_s"] / lab11["tp"].predicted_all_reduce(r["bytes"], lab11["fit"])
+              for r in lab11["ar_rows"]]
+    assert sum(0.5 <= x <= 2.0 for x in ratios) > len(ratios) / 2, ratios
+    assert "The fit follows most points within 2×" in _flat(_by_id("11_md_allreduce_read"))
 
 
 def test_tp2_loses_at_the_shipped_width_napkin_and_measurement(lab11):
@@ -102,7 +103,7 @@ def test_tp2_loses_at_the_shipped_width_napkin_and_measurement(lab11):
     napkin, measured = r["napkin1"] / r["napkin2"], r["t1"] / r["t2"]
     text = _flat(_by_id("11_md_step_read"))
     lo, hi = _range(text, "the napkin's speed-up at D = 384 was")
-    assert lo - 0.05 <= napkin < hi + 0.05, f"napkin speed-up at 384: {napkin:.2f}x, text {lo}-{hi}"
+    assert lo <= napkin <= hi, f"napkin speed-up at 384: {napkin:.2f}x, text {lo}-{hi}"
     assert napkin < 1 and measured < 1, f"TP = 2 at D = 384: napkin {napkin:.2f}x, measured {measured:.2f}x"
     assert "below 1 both" in text
 
