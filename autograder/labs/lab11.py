@@ -180,12 +180,13 @@ def refusal(shard_block, shape: dict, world: int, seed: int = 0) -> list:
 
 
 def check_block(shard_block, case: str, seed: int, world: int = 2, *, what=("output",
-                "collectives", "bytes")) -> list:
+                "collectives", "bytes"), ranks=None) -> list:
     """AssertionError unless every rank's output is the full block's (fp32), the forward ran
     exactly two all-reduces and nothing else, and each rank keeps at most its share of the
-    weights; returns the ranks' results."""
+    weights; returns the ranks' results (`ranks`: block_run's, already run)."""
     shape = BLOCK_CASES[case]
-    ranks = block_run(shard_block, case, seed, world)
+    if ranks is None:
+        ranks = block_run(shard_block, case, seed, world)
     want = full_block_output(shape, seed, 2, 5)
     where = f"{case} block (N = {shape['n_heads']} heads, K = {shape['n_kv_heads']} KV heads), " \
             f"W = {world}, seed {seed}"
