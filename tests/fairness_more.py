@@ -225,6 +225,68 @@ LAB02_MEASUREMENTS = ('prompt_ids = tok.encode("JULIET:', "roof = phase_costs.cp
                       "def forward_counts(", "prompt_lengths = [", "CONTEXT = 256", "P_TRACE, N_TRACE",
                       "# both phases in the same interleaved rounds", "# your cache in one greedy")
 
+
+SHARDED_MODULE = '''
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+class MyShardedBlock(torch.nn.Module):
+    """One rank's heads and MLP columns as plain weight tensors; attention written out."""
+
+    def __init__(self, block, rank, world):
+        super().__init__()
+        a, m = block.self_attn, block.mlp
+        self.N, self.K, self.H = a.n_heads, a.n_kv_heads, a.head_dim
+        if self.N % world or self.K % world and world % self.K or m.up_proj.out_features % world:
+            raise ValueError(f"cannot split N={self.N}, K={self.K}, F={m.up_proj.out_features} "
+                             f"over {world} ranks")
+        self.nq = self.N // world
+        group = self.N // self.K                                # query heads per KV head
+        heads = range(rank * self.nq, (rank + 1) * self.nq)
+        kv = sorted({h // group for h in heads})                # the KV heads my queries read
+        self.kv_of = [kv.index(h // group) for h in heads]      # local KV index of each query
+        rows = lambda hs: torch.cat([torch.arange(h * self.H, (h + 1) * self.H) for h in hs])
+        q_rows, kv_rows = rows(heads), rows(kv)
+        f = m.up_proj.out_features // world
+        cols = slice(rank * f, (rank + 1) * f)
+        P = lambda t: torch.nn.Parameter(t.detach().clone(), requires_grad=False)
+        self.wq, self.wk, self.wv = P(a.q_proj.weight[q_rows]), P(a.k_proj.weight[kv_rows]), P(a.v_proj.weight[kv_rows])
+        self.wo = P(a.o_proj.weight[:, q_rows])
+        self.wg, self.wu, self.wd = P(m.gate_proj.weight[cols]), P(m.up_proj.weight[cols]), P(m.down_proj.weight[:, cols])
+        self.n1, self.n2 = P(block.input_layernorm.weight), P(block.post_attention_layernorm.weight)
+        self.eps = block.input_layernorm.eps
+
+    def norm(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def rope(self, x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    def forward(self, x, cos, sin, positions=None, cache=None):
+        B, T, D = x.shape
+        h = self.norm(x, self.n1)
+        q = (h @ self.wq.T).view(B, T, self.nq, self.H).transpose(1, 2)
+        k = (h @ self.wk.T).view(B, T, -1, self.H).transpose(1, 2)
+        v = (h @ self.wv.T).view(B, T, -1, self.H).transpose(1, 2)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        k, v = k[:, self.kv_of], v[:, self.kv_of]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        attn = o.transpose(1, 2).reshape(B, T, -1) @ self.wo.T
+        dist.all_reduce(attn)
+        x = x + attn
+        h = self.norm(x, self.n2)
+        mlp = (F.silu(h @ self.wg.T) * (h @ self.wu.T)) @ self.wd.T
+        dist.all_reduce(mlp)
+        return x + mlp
+
+
+def shard_block(block, rank, world, group=None):
+    return MyShardedBlock(block, rank, world)
+'''
+
 SUBMISSIONS = [
     # each design style shares a submission with another style of its lab: one graded notebook
     Honest("02_kv_cache", "fixed_blocks",
@@ -251,4 +313,10 @@ SUBMISSIONS = [
            "linear attention written with einsum, and a chunk-length rule unlike the solution's "
            "formula: a search over powers of two on an estimate of the student's own",
            {"09_parallel": EINSUM_ATTENTION, "09_chunk_rule": POW2_CHUNK_SEARCH}),
+    Honest("11_sharding", "weight_slices_direct_all_reduce",
+           "a split block unlike the solution's column- and row-parallel layers in a copy of the "
+           "block: one module holding the weight slices as its own parameters, the attention "
+           "written out (its own norm, RoPE, KV heads picked per query head) and dist.all_reduce "
+           "called directly, the group ignored",
+           {"11_shard_block": SHARDED_MODULE}),
 ]

@@ -395,3 +395,32 @@ except NotImplementedError as e:
         in out, out
     assert "withheld: minillm.pruning.width_plan is the course's answer to lab " \
            "08_pruning_distillation" in out, out
+
+
+def test_lab11_withholds_the_split_and_keeps_the_launcher(tmp_path):
+    """Lab 11 withholds the course's split (shard, shard_plan, the column- and row-parallel
+    layers); the ranks' launcher and all_reduce_sum stay, since the student's split and the lab's
+    measurements run in them."""
+    lab = "11_sharding"
+    nb = nbformat.read(str(REPO / "labs" / lab / f"{lab}.ipynb"), as_version=4)
+    course, _ = build(withheld_of(nb), lab, tmp_path / "course")
+    out = run_with(course, """
+import torch, minillm
+import torch.distributed as dist
+from minillm.parallel import (ColumnParallelLinear, RowParallelLinear, all_reduce_sum, run_ranks,
+                              shard, shard_plan)
+target = minillm.load("target")
+for call in (lambda: shard(target, 0, 2), lambda: shard_plan(target.config, 2, 0),
+             lambda: ColumnParallelLinear.from_full(torch.nn.Linear(4, 4), 0, 2),
+             lambda: RowParallelLinear(2, 4).forward(torch.ones(2))):
+    try:
+        call()
+    except NotImplementedError as e:
+        print("withheld:", str(e).split(" is ")[0])
+def summed(rank, world):
+    return all_reduce_sum(torch.full((2,), float(rank + 1))).tolist()
+print("ranks", run_ranks(summed, 2, start="fork"))
+""")
+    for name in ("shard", "shard_plan", "ColumnParallelLinear", "RowParallelLinear"):
+        assert f"withheld: minillm.parallel.shard.{name}" in out, out
+    assert "ranks [[3.0, 3.0], [3.0, 3.0]]" in out, out

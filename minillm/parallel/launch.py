@@ -144,6 +144,12 @@ def run_ranks(fn, world: int, *args, threads: int = 1, timeout_s: float = DEFAUL
                 continue
             for r, p in enumerate(procs):
                 if r not in got and r not in errors and p.exitcode not in (None, 0):
+                    # a rank that failed put its reason in the queue before exiting: it may
+                    # have arrived since the poll above
+                    while not results.empty():
+                        rank, kind, value = results.get()
+                        (got if kind == "ok" else errors)[rank] = value
+                if r not in got and r not in errors and p.exitcode not in (None, 0):
                     # gone without a word: killed by a signal, or the interpreter died
                     errors[r] = f"exited with code {p.exitcode} (killed or crashed)"
             if errors and deadline_after_failure is None:

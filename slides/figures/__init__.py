@@ -28,6 +28,7 @@ from . import (  # noqa: F401, E402
                lab07_paged_attention,
                lab08_pruning,
                lab09_beyond_attention,
+               lab11_sharding,
 )
 from .common import FIGURES, figure, new_figure, render
 
