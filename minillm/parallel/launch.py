@@ -92,8 +92,7 @@ def _child(rank, world, init_method, timeout_s, threads, device, fn, args, resul
         if results is not None:
             results.put((rank, "ok", pickle.dumps(value)))
     except BaseException as e:                 # noqa: BLE001 -- reported to the launcher
-        if not isinstance(e, RankFailure) and dist.is_initialized() and \
-                type(e).__name__ in ("RuntimeError", "DistBackendError", "DistError"):
+        if _from_a_collective(e):            # fn's own collective failed: say why in words
             e = explain(e, timeout_s)
         message = str(e) if isinstance(e, RankFailure) else \
             "".join(traceback.format_exception_only(type(e), e)).strip()
@@ -101,7 +100,19 @@ def _child(rank, world, init_method, timeout_s, threads, device, fn, args, resul
             results.put((rank, "error", message))
         print(f"minillm tensor parallel, rank {rank}: {message}", file=sys.stderr, flush=True)
         os._exit(1)
-    close_group()
+    try:              # run_ranks' ranks leave together: one that left while a peer was
+        if results is not None:          # still joining the group failed that peer
+            dist.barrier()
+    finally:
+        close_group()
+
+
+def _from_a_collective(e: BaseException) -> bool:
+    """An error of the communication library (gloo raises plain RuntimeErrors), not of fn's own
+    code, which is reported as it is."""
+    text = str(e)
+    return isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and any(
+        k in text for k in ("gloo/transport", "Connection closed", "Timed out waiting", "NCCL"))
 
 
 def _store_file() -> str:
@@ -136,19 +147,14 @@ def run_ranks(fn, world: int, *args, threads: int = 1, timeout_s: float = DEFAUL
         while len(got) + len(errors) < world:
             item = _poll(results)
             if item is not None:
-                rank, kind, value = item
-                if kind == "ok":
-                    got[rank] = pickle.loads(value)
-                else:
-                    errors[rank] = value
+                _take(item, got, errors)
                 continue
             for r, p in enumerate(procs):
                 if r not in got and r not in errors and p.exitcode not in (None, 0):
                     # a rank that failed put its reason in the queue before exiting: it may
                     # have arrived since the poll above
                     while not results.empty():
-                        rank, kind, value = results.get()
-                        (got if kind == "ok" else errors)[rank] = value
+                        _take(results.get(), got, errors)
                 if r not in got and r not in errors and p.exitcode not in (None, 0):
                     # gone without a word: killed by a signal, or the interpreter died
                     errors[r] = f"exited with code {p.exitcode} (killed or crashed)"
@@ -170,6 +176,14 @@ def run_ranks(fn, world: int, *args, threads: int = 1, timeout_s: float = DEFAUL
         lines = "; ".join(f"rank {r}: {m}" for r, m in sorted(errors.items()))
         raise RankFailure(f"tensor parallel run of {world} ranks failed -- {lines}")
     return [got[r] for r in range(world)]
+
+
+def _take(item, got: dict, errors: dict) -> None:
+    rank, kind, value = item
+    if kind == "ok":
+        got[rank] = pickle.loads(value)
+    else:
+        errors[rank] = value
 
 
 def _poll(results):
