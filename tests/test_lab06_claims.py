@@ -134,7 +134,7 @@ def test_the_figures_quoted_from_results_are_there():
 MEASURED_SPEEDUP = (1.6, 2.6)          # continuous / static throughput (Q3: 2.0-2.4x measured)
 FITTED_SPEEDUP = (2.2, 3.1)            # the a + b tokens napkin
 TTFT_P50_LOWER = 2.0                   # static p50 TTFT / continuous, at least (Q4: 2.4-5.5x)
-SERVED_SLOTS = (4400, 4956)            # the served static server's token slots
+SERVED_SLOTS = (4400, 5300)            # the served static server's token slots (5 099 in one busy run)
 
 
 @pytest.mark.slow
@@ -162,7 +162,7 @@ def test_the_timed_figures_of_part_6_fall_in_the_stated_ranges(lab06):
     assert 0.009 <= f["static"]["tpot"][1] <= 0.016                  # Q4: "9–16 ms a decode step"
     q3, q4 = _flat(_by_id("06_q3")), _flat(_by_id("06_q4"))
     assert "holds each run to 1.6–2.6x" in q3 and "holds each run to at least 2x" in q4
-    assert "4 610–4 900 slots in our runs" in _flat(_by_id("06_q1"))   # SERVED_SLOTS holds it
+    assert "4 610–5 100 slots in our runs" in _flat(_by_id("06_q1"))   # SERVED_SLOTS holds it
 
 
 def test_the_speed_test_text_quotes_results():

@@ -13,4 +13,5 @@ measurements. The algorithms live elsewhere in minillm and hold no benchmark cod
     decode_memory.py decode memory and time against the context (lab 09)
     chunk_model.py   the chunked form's time against its chunk length, a fitted model (lab 09)
     tp.py            `minillm bench tp`: the all-reduce, the split step and the crossover (lab 11)
+    commands.py      the `minillm bench ...` commands: run a harness above, print its figures
 """
