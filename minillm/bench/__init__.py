@@ -12,6 +12,7 @@ measurements. The algorithms live elsewhere in minillm and hold no benchmark cod
     phase_costs.py   prefill and decode cost against prompt, context and batch (lab 02)
     decode_memory.py decode memory and time against the context (lab 09)
     chunk_model.py   the chunked form's time against its chunk length, a fitted model (lab 09)
-    tp.py            `minillm bench tp`: the all-reduce, the split step and the crossover (lab 11)
+    tp.py            `minillm bench tp`: the all-reduce, the split step and the crossover (lab 11);
+                     tp_report.py puts its figures in words
     commands.py      the `minillm bench ...` commands: run a harness above, print its figures
 """

@@ -40,11 +40,10 @@ Four measurements, all taken inside gloo ranks started by `minillm.parallel.run_
    negligible (the shipped target's head is ~13 % of its bytes).
 4. **The crossover**: `crossover_measured` interpolates, in log(time ratio) against the width,
    where TP = W at 1 thread per rank first beats TP = 1 on 1 thread; `crossover_predicted` solves
-   the napkin's two latencies for the width where they are equal (on every width the sweep's
-   shape rule `width_config` allows, linear between the two around the sign change). Beside it,
-   `predicted_dim_as_seen`: the same solve with the alpha the split step actually saw (its
-   all-reduce time beyond the bytes, median over the sweep) and the concurrent bandwidth for
-   the split -- the napkin's two assumptions replaced by what this machine did.
+   the napkin's two latencies for it (on every width `width_config` allows), with the fitted
+   alpha and link and, for the split, the bandwidth a rank gets while all read at once (CPU
+   cores share one memory system; lab 01's GPUs each have their own: `predicted_dim_own_memory`
+   keeps that assumption). `predicted_dim_as_seen` uses the alpha the split step paid instead.
 """
 from __future__ import annotations
 
@@ -60,6 +59,7 @@ from .. import roofline
 from ..config import ModelConfig
 from .phase_costs import nonneg_lstsq
 from .timing import median, perf_counter
+from .tp_report import text  # the report in words
 
 __all__ = ["time_all_reduce", "fit_all_reduce", "predicted_all_reduce", "width_config",
            "time_tp_steps", "time_tp_step", "bandwidth_at", "cpu_hardware", "predicted_step",
@@ -494,8 +494,14 @@ def bench_tp(model: str = "target", *, widths=WIDTHS, sizes=ALL_REDUCE_SIZES, la
         meas, meas_why = crossover_measured([r["dim"] for r in sweep],
                                             [r["tp1_1thread_s"] for r in sweep],
                                             [r["tp_s"] for r in sweep])
+        # the napkin with this machine's figures: the fitted alpha and link, and for the split
+        # the bandwidth each rank gets while all read at once (the ranks share one memory; a
+        # GPU has its own); beside it lab 01's assumption, every rank reading at 1 core alone
         pred, pred_why = crossover_predicted(fit_w, bw["one_thread"], W, context=context,
-                                             shape=lambda d: width_config(d, layers))
+                                             shape=lambda d: width_config(d, layers),
+                                             split_bandwidth=bw["concurrent"])
+        own, own_why = crossover_predicted(fit_w, bw["one_thread"], W, context=context,
+                                           shape=lambda d: width_config(d, layers))
         both = meas is not None and pred is not None
         # the all-reduce as the split step saw it (its wait for the slower rank included):
         # alpha that would explain each sweep row's measured all-reduce time, the median
@@ -521,6 +527,7 @@ def bench_tp(model: str = "target", *, widths=WIDTHS, sizes=ALL_REDUCE_SIZES, la
             "fit": fit_w, "bandwidth": bw, "steps": rows, "model_skipped": skipped,
             "crossover": {"measured_dim": meas, "measured_reason": meas_why,
                           "predicted_dim": pred, "predicted_reason": pred_why,
+                          "predicted_dim_own_memory": own, "predicted_own_memory_reason": own_why,
                           "in_step_alpha_s": fit_seen["alpha_s"],
                           "predicted_dim_as_seen": pred_seen,
                           "predicted_as_seen_reason": why_seen,
@@ -529,72 +536,3 @@ def bench_tp(model: str = "target", *, widths=WIDTHS, sizes=ALL_REDUCE_SIZES, la
             "equal_threads_wins": [r["name"] for r in rows if r["tp_s"] < r["tp1_wthreads_s"]],
             "copies_vs_split": copies}
     return out
-
-
-def text(r: dict) -> str:
-    """The report in words: when the split pays on this machine, and why."""
-    f = r["all_reduce"]["fit"]
-    ms = 1e3
-    lines = [f"bench tp: {r['cpus']} CPUs, batch-1 decode after {r['context']} cached tokens, "
-             f"fp32; medians of {r['repeats']} interleaved rounds",
-             f"all-reduce, 2 ranks: alpha {f['alpha_s'] * ms:.3f} ms, link "
-             f"{f['link_bytes_per_s'] / 1e9:.2f} GB/s (fit of t = alpha + 2(W-1)/W bytes/link)",
-             "  floats      measured ms  napkin ms  ratio"]
-    for a in r["all_reduce"]["rows"]:
-        lines.append(f"  {a['floats']:>9}  {a['median_s'] * ms:>11.3f}  "
-                     f"{a['predicted_s'] * ms:>9.3f}  {a['measured_over_fit']:5.2f}")
-    lines.append(f"  worst ratio {r['all_reduce']['worst_ratio']:.2f} "
-                 f"({'within' if r['all_reduce']['within_2x'] else 'NOT within'} 2x)")
-    for W, w in r["worlds"].items():
-        lines.append("")
-        if W != "2":
-            lines.append(f"all-reduce, {W} ranks: alpha {w['fit']['alpha_s'] * ms:.3f} ms, link "
-                         f"{w['fit']['link_bytes_per_s'] / 1e9:.2f} GB/s")
-        if w["model_skipped"]:
-            lines.append(f"{r['model']} is left out at TP = {W}: {w['model_skipped']}")
-        lines += [f"TP = {W} (1 thread per rank) against TP = 1 on 1 thread and on {W} "
-                  f"threads; napkin in brackets, ms per step",
-                  f"  {'model':<10} {'TP=1, 1 thr':>17} {'TP=1, ' + W + ' thr':>17} "
-                  f"{'TP=' + W:>17} {'split/whole':>11} {'all-reduces':>17}"]
-        for s in w["steps"]:
-            p = s["predicted"]
-            lines.append(
-                f"  {s['name']:<10} {s['tp1_1thread_s'] * ms:>7.2f} ({p['tp1_1thread_s'] * ms:>7.2f})"
-                f" {s['tp1_wthreads_s'] * ms:>7.2f} ({p['tp1_wthreads_s'] * ms:>7.2f})"
-                f" {s['tp_s'] * ms:>7.2f} ({p['tp_s'] * ms:>7.2f}) {s['split_over_whole']:>11.2f}"
-                f" {s['tp_allreduces_s'] * ms:>7.2f} ({p['tp_comm_s'] * ms:>7.2f})")
-        c = w["crossover"]
-        lines.append(_crossover_words(c, W, w))
-        for cp in w["copies_vs_split"]:
-            lines.append(f"  copies vs split at {cp['name']}: {W} copies "
-                         f"{cp['copies_tok_s']:.0f} tok/s, split {cp['split_tok_s']:.0f} tok/s "
-                         f"(copies x{cp['throughput_ratio']:.2f} throughput); per-token latency "
-                         f"{cp['copies_latency_s'] * ms:.2f} ms vs {cp['split_latency_s'] * ms:.2f}"
-                         f" ms (copies/split {cp['latency_ratio']:.2f})")
-    return "\n".join(lines)
-
-
-def _crossover_words(c: dict, W: str, w: dict) -> str:
-    meas = (f"measured at D ~ {c['measured_dim']:.0f}" if c["measured_dim"] is not None
-            else f"measured: none ({c['measured_reason']})")
-    pred = (f"predicted at D ~ {c['predicted_dim']:.0f}" if c["predicted_dim"] is not None
-            else f"predicted: none ({c['predicted_reason']})")
-    ratio = ("" if c["measured_over_predicted"] is None else
-             f" (ratio {c['measured_over_predicted']:.2f})")
-    alpha, seen = w["fit"]["alpha_s"], c["in_step_alpha_s"]
-    n_ar = 2 * w["steps"][-1]["layers"]
-    seen_pred = (f"D ~ {c['predicted_dim_as_seen']:.0f}"
-                 if c["predicted_dim_as_seen"] is not None
-                 else f"none ({c['predicted_as_seen_reason']})")
-    eq = w["equal_threads_wins"]
-    return (f"  The split pays once the weights one rank no longer reads save more than the "
-            f"all-reduces cost: {n_ar} per step at alpha {alpha * 1e3:.2f} ms each in the "
-            f"sweep ({n_ar * alpha * 1e3:.2f} ms before any bytes move). Crossover {meas}, "
-            f"{pred}{ratio}. Inside the split step an all-reduce cost {seen * 1e3:.2f} ms "
-            f"beyond its bytes (waiting for the slower rank included), not {alpha * 1e3:.2f}, "
-            f"and ranks reading at once share the memory: with that alpha and the bandwidth "
-            f"each rank got while all read together, the napkin's crossover is {seen_pred}. "
-            f"At equal total threads ({W} threads in one process) the split "
-            + (f"beats it at {', '.join(eq)}." if eq else
-               "never wins: one process on all threads splits the same reads with no "
-               "all-reduce."))
