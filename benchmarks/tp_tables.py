@@ -47,11 +47,16 @@ def tables(r: dict) -> str:
     def fmt(v):
         return "none" if v is None else f"D ~ {v:.0f}"
     L.append("**The crossover** (TP = 2 at 1 thread per rank against TP = 1 on 1 thread): "
-             f"measured {fmt(c['measured_dim'])} ({c['measured_reason']}); predicted by the napkin {fmt(c['predicted_dim'])} "
-             f"({c['predicted_reason']})" + ("" if c["measured_over_predicted"] is None else
-             f"; measured / predicted = {c['measured_over_predicted']:.2f} ({'within' if c['within_2x'] else 'NOT within'} a factor of 2)") + ". "
-             f"With the alpha the split step actually saw ({c['in_step_alpha_s'] * ms:.2f} ms per all-reduce beyond its bytes) and the "
-             f"shared bandwidth, the napkin's crossover is {fmt(c['predicted_dim_as_seen'])} ({c['predicted_as_seen_reason']}).")
+             f"measured {fmt(c['measured_dim'])} ({c['measured_reason']}); the napkin with the fitted "
+             f"alpha and link and, for the split, the bandwidth a rank got while both read at once: "
+             f"{fmt(c['predicted_dim'])} ({c['predicted_reason']})"
+             + ("" if c["measured_over_predicted"] is None else
+                f"; measured / predicted = {c['measured_over_predicted']:.2f} "
+                f"({'within' if c['within_2x'] else 'NOT within'} a factor of 2)") + ". "
+             f"The napkin with every rank reading as fast as one core alone (lab 01's devices, each "
+             f"its own memory): {fmt(c['predicted_dim_own_memory'])}. With the alpha the split step "
+             f"paid ({c['in_step_alpha_s'] * ms:.2f} ms per all-reduce beyond its bytes): "
+             f"{fmt(c['predicted_dim_as_seen'])}.")
     eq = w["equal_threads_wins"]
     L.append("")
     L.append("**Equal total threads**: TP = 2 beats TP = 1 on 2 threads at " + (", ".join(eq) if eq else "no width") + ".")
