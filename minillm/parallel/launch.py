@@ -164,7 +164,7 @@ def run_ranks(fn, world: int, *args, threads: int = 1, timeout_s: float = DEFAUL
             if deadline_after_failure and time.monotonic() > deadline_after_failure:
                 for r in range(world):
                     if r not in got and r not in errors:
-                        errors[r] = "did not answer after a peer's failure (hung: killed)"
+                        errors[r] = "still running after a peer's failure: killed"
                 break
     finally:
         for p in procs:
