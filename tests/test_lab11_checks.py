@@ -90,6 +90,12 @@ def keeps_the_block(block, rank, world, group=None):
     return part
 
 
+def numpy_copy(block, rank, world, group=None):
+    part = SOLUTION(block, rank, world)
+    part.spare = block.mlp.up_proj.weight.detach().numpy().copy()   # a whole weight, in NumPy
+    return part
+
+
 def never_refuses(block, rank, world, group=None):
     try:
         return SOLUTION(block, rank, world)
@@ -130,7 +136,8 @@ def test_both_designs_refuse_a_bad_world_and_give_the_whole_models_tokens(design
     (three_all_reduces, {"collectives"}),
     (views, {"bytes"}),
     (keeps_the_block, {"bytes"}),
-], ids=["unsplit", "three_all_reduces", "views", "keeps_the_block"])
+    (numpy_copy, {"bytes"}),
+], ids=["unsplit", "three_all_reduces", "views", "keeps_the_block", "numpy_copy"])
 def test_each_mistake_fails_the_check_that_names_it(mistake, fails):
     assert _failed_checks(mistake) == fails
 
