@@ -184,7 +184,8 @@ def cmd_serve(a) -> int:
 
         from .parallel.serving import follow, start_tp_serving
         tok = minillm.load_tokenizer(a.model)
-        ctx = minillm.load(a.model).config.max_seq_len
+        from .weights import read_config
+        ctx = read_config(minillm.resolve(a.model))[0].max_seq_len    # the weights load once, per rank
         kw["kv_blocks"] = a.kv_blocks or a.max_num_seqs * cdiv(ctx, a.block_size)
         torch.set_num_threads(_tp_threads(a))
         if torchrun is not None and torchrun[0] != 0:        # a worker rank: follow rank 0

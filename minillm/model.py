@@ -65,8 +65,9 @@ def cache_is(cache, protocol) -> bool:
 def require_softmax_decoder(model, what: str) -> None:
     """Refuse lab 09's hybrid (linear-attention layers) and diffusion (bidirectional) models in
     code written for a causal decoder with softmax attention in every layer, which would
-    otherwise run them as if they were one and return wrong numbers."""
-    c = model.config
+    otherwise run them as if they were one and return wrong numbers. `model`: a model, or its
+    ModelConfig (to refuse before any weights load)."""
+    c = getattr(model, "config", model)
     if c.mixers is not None or not c.causal:
         kind = "a hybrid with linear-attention layers" if c.mixers is not None else \
             "a bidirectional (masked-diffusion) model"

@@ -14,8 +14,6 @@ def report(a, result: dict, text) -> int:
     return 0
 
 
-_report = report
-
 
 def _load(name):
     import minillm
@@ -45,7 +43,7 @@ def cmd_bench_decode(a) -> int:
             f"{name}:\n" + "\n".join(f"{k:>32}: {v:.3f}" if isinstance(v, float)
                                       else f"{k:>32}: {v}" for k, v in f.items())
             for name, f in r["formats"].items()])
-    return _report(a, {"model": a.model, "formats": formats}, text)
+    return report(a, {"model": a.model, "formats": formats}, text)
 
 
 def _tokens_match(t: dict) -> str:
@@ -64,7 +62,7 @@ def cmd_bench_quant(a) -> int:
     r = {"model": a.model, **bench_quant(model, prompt, new_tokens=a.new_tokens,
                                          repeats=a.repeats, group_size=a.group_size,
                                          threads=a.threads, compiled=a.step == "compiled")}
-    return _report(a, r, lambda r: "\n".join(
+    return report(a, r, lambda r: "\n".join(
         [f"{r['model']}, {r['step']} step, batch 1, {r['threads']} thread(s), "
          f"{r['new_tokens']} tokens after a "
          f"{r['prompt_len']}-token prompt; reads at {r['read_gb_s']:.1f} GB/s"] +
@@ -93,7 +91,7 @@ def cmd_bench_speculative(a) -> int:
                              cpu_time=a.cpu_time, draft_engine=a.draft_engine,
                              sample_temperature=a.temperature or None, sample_k=a.sample_k,
                              predict=not a.no_predict)}
-    return _report(a, r, lambda r: "\n".join(
+    return report(a, r, lambda r: "\n".join(
         [f"target alone: {r['target_tok_s']:.1f} tok/s (its step at "
          f"{r['target_step_bandwidth_fraction']:.2f} of the {r['limit_tok_s']:.0f} tok/s "
          f"bandwidth limit; the best k at {r['speculative_vs_limit']:.2f} of it); draft/target "
@@ -116,7 +114,7 @@ def cmd_bench_batching(a) -> int:
          **bench_batching(model, num_requests=a.requests, rate=a.rate, seed=a.seed,
                           max_batch=a.max_batch, block_size=a.block_size,
                           threads=1 if a.threads is None else a.threads)}
-    return _report(a, r, lambda r: (
+    return report(a, r, lambda r: (
         f"{r['requests']} requests ({r['completed']} completed): static "
         f"{r['static_tok_s']:.1f} tok/s, continuous {r['continuous_tok_s']:.1f} tok/s "
         f"({r['speedup']:.2f}x); p50 TTFT {r['static_ttft_p50_s']:.2f} s vs "
@@ -127,7 +125,7 @@ def cmd_bench_tp(a) -> int:
     from .tp import WIDTHS, bench_tp, text
     r = bench_tp(a.model, widths=a.widths or WIDTHS, layers=a.layers, context=a.context,
                  repeats=a.repeats, quick=a.quick)
-    return _report(a, r, text)
+    return report(a, r, text)
 
 
 # the figures of a load_test summary that `bench serve` takes the median of across rounds
@@ -229,7 +227,7 @@ def cmd_bench_serve(a) -> int:
     if url is not None:
         result["sweep"] = [load_test(url, served, workload(r, a.seed), ids) for r in rates]
         result["chunked"] = None
-        return _report(a, result, _bench_serve_text)
+        return report(a, result, _bench_serve_text)
 
     from ..serving.server import BackgroundServer
     settings.update(long_prompt_len=a.long_prompt_len, long_every=a.long_every, chunk=a.chunk,
@@ -269,7 +267,7 @@ def cmd_bench_serve(a) -> int:
         "long_prompt_len": a.long_prompt_len, "long_every": a.long_every, **med,
         "itl_p99_ratio": ratio("itl_p99_s"), "tpot_p99_ratio": ratio("tpot_p99_s"),
         "ttft_p99_ratio": ratio("ttft_p99_s"), "runs": runs}
-    return _report(a, result, _bench_serve_text)
+    return report(a, result, _bench_serve_text)
 
 
 def _bench_serve_text(r: dict) -> str:

@@ -36,9 +36,10 @@ def generate_tp(model_name: str, prompt: list[int], params: SamplingParams, worl
     import minillm
 
     from ..model import require_softmax_decoder
+    from ..weights import read_config
     from .shard import shard_plan
-    full = minillm.load(model_name)
-    require_softmax_decoder(full, "tensor parallelism")       # refuse now, not in every rank
-    shard_plan(full.config, world, 0)
+    config = read_config(minillm.resolve(model_name))[0]     # refuse now, not in every rank
+    require_softmax_decoder(config, "tensor parallelism")
+    shard_plan(config, world, 0)
     return run_ranks(generate_rank, world, model_name, list(prompt), params, threads=threads,
                      timeout_s=timeout_s)[0]
