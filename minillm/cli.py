@@ -114,7 +114,7 @@ def _generate_torchrun(a, prompt, params):
     try:
         return generate_rank(rank, world, a.model, prompt, params), rank
     finally:
-        close_group()
+        close_group(together=True)
 
 
 def cmd_eval(a) -> int:
@@ -195,7 +195,7 @@ def cmd_serve(a) -> int:
                 follow(torchrun[0], a.tp, a.model, kw["kv_blocks"], a.block_size, a.backend,
                        a.tp_timeout)
             finally:
-                close_group()
+                close_group(together=True)
             return 0
         model, kw["runner"] = start_tp_serving(
             a.model, a.tp, num_blocks=kw["kv_blocks"], block_size=a.block_size,

@@ -78,8 +78,16 @@ def from_torchrun() -> tuple[int, int] | None:
     return None
 
 
-def close_group() -> None:
-    if dist.is_initialized():
+def close_group(together: bool = False) -> None:
+    """Leave the process group; together=True waits at a barrier for every rank first (a rank
+    that tears down while a peer is still inside a collective or still joining can abort it).
+    Not for a rank whose peers may already be gone (Workers.close joins them first)."""
+    if not dist.is_initialized():
+        return
+    try:
+        if together and dist.get_world_size() > 1:
+            dist.barrier()
+    finally:
         dist.destroy_process_group()
 
 
@@ -100,11 +108,7 @@ def _child(rank, world, init_method, timeout_s, threads, device, fn, args, resul
             results.put((rank, "error", message))
         print(f"minillm tensor parallel, rank {rank}: {message}", file=sys.stderr, flush=True)
         os._exit(1)
-    try:              # run_ranks' ranks leave together: one that left while a peer was
-        if results is not None:          # still joining the group failed that peer
-            dist.barrier()
-    finally:
-        close_group()
+    close_group(together=results is not None)       # run_ranks' ranks leave together
 
 
 def _from_a_collective(e: BaseException) -> bool:

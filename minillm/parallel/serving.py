@@ -89,8 +89,8 @@ class TPModelRunner(ModelRunner):
                     pass
         if self.workers is not None:
             self.workers.close()
-        else:
-            close_group()
+        else:                         # torchrun's ranks: leave with them
+            close_group(together=True)
 
 
 def follow(rank: int, world: int, model_name: str, num_blocks: int, block_size: int,
